@@ -1,0 +1,280 @@
+"""
+Tic-tac-toe against a seeded, unbiased minimax opponent (multi-turn environment).
+
+    python sample.py --model minimax --env tictactoe -n 2              # watch the scripted player
+    python eval.py --model random --env tictactoe --opponent optimal   # a baseline
+
+The model plays X, the opponent O; the example's seed decides who moves first. The opponent plays a
+uniformly random free cell with probability `random_move_prob`, otherwise a uniformly random choice among
+ALL minimax-optimal moves (no positional tie-breaking: an opponent that always answers the same way is
+memorised, not beaten). Every opponent decision comes from an RNG seeded by (example seed, board), so two
+rollouts of one example that reach the same position see the same reply, in any process.
+
+Replies are untrusted text; their outcomes (see `parse_move`):
+  - the move is the content of the ONLY <move>...</move> pair, stripped of whitespace, and must be one of
+    the digits 0-8 naming a free cell; no tag, several tags, a non-integer ("4.0", "four"), a number
+    outside 0-8 ("-1", "9") or an occupied cell is an invalid move: the board stays, the model is told
+    why, the turn is used up and the game goes on;
+  - a reply is well-formed (format reward) when it is exactly <think>...</think> then <move>N</move>,
+    whitespace aside, with no tags nested inside the think block.
+Pure Python: no torch here.
+"""
+import functools
+import hashlib
+import random
+import re
+
+# ----------------------------------------------------------------------------- the game and its solver
+
+LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+CORNERS, EDGES, CENTRE = (0, 2, 6, 8), (1, 3, 5, 7), 4
+
+
+def other(player):
+    return "O" if player == "X" else "X"
+
+
+def winner(board):
+    """'X' or 'O' for three in a row, 'draw' for a full board, None while the game goes on."""
+    for a, b, c in LINES:
+        if board[a] != "." and board[a] == board[b] == board[c]:
+            return board[a]
+    return "draw" if "." not in board else None
+
+
+def free_cells(board):
+    return [i for i, c in enumerate(board) if c == "."]
+
+
+def play(board, cell, player):
+    return board[:cell] + player + board[cell + 1:]
+
+
+@functools.lru_cache(maxsize=None)
+def value(board, player):
+    """Game value for `player` to move on `board` under perfect play: 1 win, 0 draw, -1 loss."""
+    w = winner(board)
+    if w == "draw":
+        return 0
+    if w is not None:
+        return 1 if w == player else -1
+    return max(-value(play(board, c, player), other(player)) for c in free_cells(board))
+
+
+@functools.lru_cache(maxsize=None)
+def _best_moves(board, player):
+    scores = {c: -value(play(board, c, player), other(player)) for c in free_cells(board)}
+    top = max(scores.values())
+    return tuple(c for c, s in scores.items() if s == top)
+
+
+def best_moves(board, player):
+    """Every minimax-optimal move (win/draw/loss value) for `player` on a non-terminal `board`."""
+    if winner(board) is not None:
+        return []
+    return list(_best_moves(board, player))
+
+
+def threats(board, player):
+    """Cells where `player` would complete a line right now."""
+    return [c for c in free_cells(board) if winner(play(board, c, player)) == player]
+
+
+def stable_rng(*parts):
+    """An RNG seeded by a stable hash of `parts` (Python's hash() changes between processes)."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def choose_move(board, player, random_move_prob, rng):
+    """Random free cell with probability random_move_prob, else a uniform choice among all optimal moves."""
+    if rng.random() < random_move_prob:
+        return rng.choice(free_cells(board))
+    return rng.choice(best_moves(board, player))
+
+
+def explain(board, cell, player):
+    """A short, true sentence about why `cell` is played (used as the scripted players' <think>)."""
+    after = play(board, cell, player)
+    if winner(after) == player:
+        return f"Cell {cell} completes my line, so I win."
+    if cell in threats(board, other(player)):
+        return f"The opponent threatens to win at {cell}, so I block it."
+    if len(threats(after, player)) >= 2:
+        return f"Cell {cell} makes a fork: two threats at once."
+    if threats(after, player):
+        return f"Cell {cell} makes a threat at {threats(after, player)[0]}."
+    kind = "the centre" if cell == CENTRE else "a corner" if cell in CORNERS else "an edge"
+    return f"I take {kind}, cell {cell}."
+
+
+def render(board):
+    """The board with free cells shown as their numbers, e.g. 'X|1|2\\n3|O|5\\n6|7|8'."""
+    cells = [c if c != "." else str(i) for i, c in enumerate(board)]
+    return "\n".join("|".join(cells[r * 3:r * 3 + 3]) for r in range(3))
+
+
+# ----------------------------------------------------------------------------- parsing untrusted replies
+
+MOVE_RE = re.compile(r"<move>(.*?)</move>", re.DOTALL)
+FORMAT_RE = re.compile(r"\s*<think>(?:(?!</?think>|</?move>).)*</think>\s*<move>\s*[0-9]+\s*</move>\s*", re.DOTALL)
+
+
+def is_well_formed(reply):
+    return FORMAT_RE.fullmatch(reply) is not None
+
+
+def parse_move(reply, board):
+    """(cell, None) for a legal move, else (None, reason) — never raises, whatever the reply."""
+    found = MOVE_RE.findall(reply)
+    if not found:
+        return None, "no <move>...</move> tag"
+    if len(found) > 1 or reply.count("<move>") > 1:
+        return None, "more than one <move> tag"
+    text = found[0].strip()
+    if not re.fullmatch(r"-?[0-9]{1,6}", text):
+        return None, "the move is not a whole number"
+    cell = int(text)
+    if not 0 <= cell <= 8:
+        return None, f"cell {cell} is not between 0 and 8"
+    if board[cell] != ".":
+        return None, f"cell {cell} is already taken"
+    return cell, None
+
+
+# ----------------------------------------------------------------------------- the environment
+
+SYSTEM_PROMPT = """You play tic-tac-toe as X against an opponent playing O. Three in a row (a row, column or diagonal) wins.
+Cells are numbered 0-8, row by row:
+0|1|2
+3|4|5
+6|7|8
+The board shows free cells as their numbers. Reply with a short reasoning inside <think>...</think>, then the free cell you take inside <move>...</move>, for example:
+<think>I take the centre.</think><move>4</move>"""
+
+
+class TicTacToe:
+    system_prompt = SYSTEM_PROMPT
+    reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
+
+    # opponent(state) -> cell overrides the minimax opponent (a human in `sample.py --play`, every reply in
+    # `eval.py --certify`); None is the seeded opponent described above.
+    opponent = None
+
+    def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8):
+        for name, p in [("min_random_move_prob", min_random_move_prob), ("max_random_move_prob", max_random_move_prob)]:
+            if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name}={p!r}: must be a probability in [0, 1]")
+        if min_random_move_prob > max_random_move_prob:
+            raise ValueError(f"min_random_move_prob={min_random_move_prob} > max_random_move_prob={max_random_move_prob}")
+        if not isinstance(num_groups, int) or num_groups < 1:
+            raise ValueError(f"num_groups={num_groups!r}: must be a positive integer")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns={max_turns!r}: must be a positive integer")
+        self.lo, self.hi, self.num_groups, self.max_turns = min_random_move_prob, max_random_move_prob, num_groups, max_turns
+
+    def examples(self, n, seed=0):
+        """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
+        rng = random.Random(seed)
+        width = (self.hi - self.lo) / self.num_groups
+        rows = []
+        for i in range(n):
+            p = self.lo + width * (i % self.num_groups + rng.random())
+            rows.append({"seed": rng.randrange(2**31), "random_move_prob": round(min(p, self.hi), 6)})
+        return rows
+
+    def reset(self, example):
+        """An example may set "model_first" to override the seed's choice of who starts."""
+        state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
+                 "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
+                 "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
+        if state["model_first"]:
+            return state, f"New game. You are X and move first.\n{self._show(state)}"
+        cell = self._opponent(state)
+        return state, f"New game. The opponent (O) moved first and took cell {cell}.\n{self._show(state)}"
+
+    def step(self, state, reply):
+        """Apply the model's reply; return the next user message, or None when the game is over."""
+        if state["done"]:
+            raise RuntimeError("step() called on a finished episode")
+        reply = reply if isinstance(reply, str) else str(reply)
+        state["turns"] += 1
+        state["well_formed"] += is_well_formed(reply)
+        cell, why = parse_move(reply, state["board"])
+        if cell is None:
+            state["invalid_moves"] += 1
+            news = f"Invalid move: {why}. The board is unchanged."
+        else:
+            state["board"] = play(state["board"], cell, "X")
+            news = f"You took cell {cell}."
+            if self._finish(state):
+                return None
+            news += f" The opponent took cell {self._opponent(state)}."
+        if self._finish(state):
+            return None
+        if state["turns"] >= self.max_turns:
+            state.update(cut_off=True, done=True)
+            return None
+        return f"{news}\n{self._show(state)}"
+
+    def rewards(self, state):
+        result = state["winner"]
+        return {"win": 1.0 if result == "X" else 0.5 if result == "draw" else 0.0,
+                "format": state["well_formed"] / max(state["turns"], 1),
+                "invalid": -0.1 if state["invalid_moves"] else 0.0}
+
+    def metrics(self, state):
+        """Per-episode metrics: indicators/fractions become `<name>_rate` in an evaluation, `n_<name>` a mean."""
+        result = state["winner"]
+        return {"win": float(result == "X"), "draw": float(result == "draw"), "loss": float(result not in ("X", "draw")),
+                "format": state["well_formed"] / max(state["turns"], 1), "invalid": float(state["invalid_moves"] > 0),
+                "cut_off": float(state["cut_off"]), "n_turns": state["turns"], "n_invalid_moves": state["invalid_moves"]}
+
+    def scripted_player(self, name, random_move_prob=0.0):
+        """A reply function state -> str: 'random' or 'minimax' (playing randomly with random_move_prob).
+        Its choices are seeded by (example seed, board), like the opponent's, so a baseline is reproducible."""
+        if name not in ("random", "minimax"):
+            raise ValueError(f"unknown scripted player {name!r}: use 'random' or 'minimax'")
+        p = 1.0 if name == "random" else random_move_prob
+
+        def reply(state):
+            board = state["board"]
+            rng, wins = stable_rng(state["seed"], board, "player"), threats(board, "X")
+            if rng.random() < p:
+                cell = rng.choice(free_cells(board))
+            elif wins:  # every winning move is optimal; take the immediate one rather than a slower win
+                cell = rng.choice(wins)
+            else:
+                cell = rng.choice(best_moves(board, "X"))
+            return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
+        return reply
+
+    def describe(self, state):
+        """A human-readable picture of the final state, for transcripts."""
+        return f"{render(state['board'])}\nresult: {state['winner'] or 'cut off'}"
+
+    # --- internals
+    def _show(self, state):
+        cells = " ".join(map(str, free_cells(state["board"])))
+        return f"{render(state['board'])}\nFree cells: {cells}. Your move."
+
+    def _opponent(self, state):
+        board = state["board"]
+        if self.opponent is not None:
+            cell = self.opponent(state)
+        else:
+            cell = choose_move(board, "O", state["random_move_prob"], stable_rng(state["seed"], board))
+        state["board"] = play(board, cell, "O")
+        return cell
+
+    def _finish(self, state):
+        w = winner(state["board"])
+        if w is not None:
+            state.update(winner=w, done=True)
+        return state["done"]
+
+
+def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8):
+    """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
+    num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off."""
+    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns)
