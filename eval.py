@@ -1,0 +1,220 @@
+"""
+Evaluate a model (local, API or scripted) on an environment; --certify proves a greedy policy's play.
+
+    python eval.py --model out/rl --opponent optimal -n 200 --out out/eval_rl_optimal     # GPU or CPU
+    python eval.py --model minimax --opponent random -n 200                                # scripted baseline
+    python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 --opponent optimal -n 100 --out out/api
+    python eval.py --model out/rl --certify --out out/cert_rl                              # every opponent line
+    python eval.py --model out/sft --env reverse -n 5 -r 3
+
+Writes DIR/rollouts.jsonl as episodes finish (an interrupted run keeps them; --resume skips them) and
+DIR/summary.json. Summary keys: n, reward_mean, reward_se, reward_<component>, and from the environment's
+per-episode metrics `<name>_rate` (indicators and fractions; tic-tac-toe: win, draw, loss, format, invalid,
+cut_off) and `mean_<name>` (counts named n_<name>), plus wall_s, episodes_per_s, gen_tokens_per_s.
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import time
+
+import torch
+
+from sample import add_policy_args, advance, finish, load_env, new_episode, policy_from_args, rollout, show
+
+OPPONENTS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
+             "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def summarize(records):
+    """Means over episodes: rewards, components, and metrics by the naming convention above."""
+    n = len(records)
+    if n == 0:
+        return {"n": 0}
+    rewards = [r["reward"] for r in records]
+    mean = sum(rewards) / n
+    var = sum((x - mean) ** 2 for x in rewards) / max(n - 1, 1)
+    out = {"n": n, "reward_mean": mean, "reward_se": math.sqrt(var / n)}
+    for k in records[0]["rewards"]:
+        out[f"reward_{k}"] = sum(r["rewards"][k] for r in records) / n
+    for k in records[0].get("metrics", {}):
+        key = f"mean_{k[2:]}" if k.startswith("n_") else f"{k}_rate"
+        out[key] = sum(r["metrics"][k] for r in records) / n
+    return out
+
+
+def format_summary(s, title=""):
+    rows = [title] if title else []
+    order = ["win_rate", "draw_rate", "loss_rate", "format_rate", "invalid_rate", "cut_off_rate", "mean_turns"]
+    keys = [k for k in order if k in s] + [k for k in s if k not in order and k not in ("n", "reward_mean", "reward_se")]
+    if "n" in s:
+        rows.append(f"  {'episodes':<18} {s['n']}")
+    if "reward_mean" in s:
+        rows.append(f"  {'reward':<18} {s['reward_mean']:.4f} ± {s['reward_se']:.4f}")
+    for k in keys:
+        v = s[k]
+        rows.append(f"  {k:<18} " + (f"{v:.1%}" if k.endswith("_rate") else f"{v:.4g}" if isinstance(v, float) else str(v)))
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progress=True):
+    """Play n examples x rollouts; write DIR/rollouts.jsonl as they finish and DIR/summary.json. Returns (summary, records)."""
+    examples = env.examples(n, seed)
+    old, path = [], None
+    if out:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, "rollouts.jsonl")
+        if resume and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        old.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a line cut by a crash: that episode is simply played again
+        old = [r for r in old if r["index"] < n and r["rollout"] < rollouts]
+    skip = {(r["index"], r["rollout"]) for r in old}
+    sink = open(path, "w" if not resume else "a") if path else None
+    if sink and resume and old:  # rewrite only the complete lines, so a cut line never stays in the file
+        sink.close()
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in old)
+        sink = open(path, "a")
+
+    def write(rec):
+        if sink:
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+    t0, tokens0 = time.time(), policy.gen_tokens
+    try:
+        new = rollout(env, examples, policy, group=rollouts, on_done=write, progress=progress, skip=skip)
+    finally:
+        if sink:
+            sink.close()
+    wall = time.time() - t0
+    records = sorted(old + new, key=lambda r: (r["index"], r["rollout"]))
+    summary = summarize(records)
+    summary.update(wall_s=wall, episodes_per_s=len(new) / max(wall, 1e-9),
+                   gen_tokens_per_s=(policy.gen_tokens - tokens0) / max(wall, 1e-9))
+    if out:
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    return summary, records
+
+
+# ----------------------------------------------------------------------------- the certificate
+
+
+def certify(env, policy, out=None, progress=True):
+    """Play a (greedy, deterministic) policy against EVERY opponent reply at every step, moving first and second.
+
+    Breadth-first: each level's unfinished lines go to the policy in one batch; after each valid model move
+    the line branches over every free cell for the opponent. Returns a summary with lines_won / drawn / lost,
+    optimal_move_rate over all model decisions, and the positions where the model lost a won or drawn game
+    or missed a forced win."""
+    import env_tictactoe as ttt
+    if not hasattr(env, "opponent"):
+        raise SystemExit("--certify needs the tictactoe environment")
+    ex = env.examples(1, seed=0)[0]
+    frontier = []
+    for model_first in (True, False):
+        openings = [None] if model_first else range(9)
+        for cell in openings:
+            env.opponent = (lambda state, c=cell: c)
+            frontier.append(new_episode(env, {**ex, "model_first": model_first}))
+    lines, decisions, optimal, mistakes = [], 0, 0, []
+    while frontier:
+        replies = policy(frontier)
+        nxt = []
+        for ep, reply in zip(frontier, replies):
+            board = ep["state"]["board"]
+            cell, _ = ttt.parse_move(reply, board)
+            best = ttt.best_moves(board, "X")
+            decisions += 1
+            optimal += cell in best
+            before = ttt.value(board, "X")
+            if cell is None:
+                after_board, after = board, None
+                mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move"})
+            else:
+                after_board = ttt.play(board, cell, "X")
+                w = ttt.winner(after_board)
+                after = 1 if w == "X" else 0 if w == "draw" else -ttt.value(after_board, "O")
+                if after < before:
+                    mistakes.append({"board": board, "reply": reply[:200], "kind": "missed a forced win" if before == 1
+                                     else "lost a drawn position", "value_before": before, "value_after": after})
+            branches = ttt.free_cells(after_board) if cell is not None and ttt.winner(after_board) is None else [None]
+            for c in branches:
+                child = copy.deepcopy(ep)
+                env.opponent = (lambda state, c=c: c)
+                if advance(env, child, reply):
+                    lines.append(finish(env, child))
+                else:
+                    nxt.append(child)
+        frontier = nxt
+        if progress:
+            print(f"certify: {len(lines)} lines finished, {len(frontier)} open")
+    env.opponent = None
+    won = sum(r["metrics"]["win"] for r in lines)
+    drawn = sum(r["metrics"]["draw"] for r in lines)
+    summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn), "lines_lost": int(len(lines) - won - drawn),
+               "decisions": decisions, "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes)}
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        with open(os.path.join(out, "certificate.json"), "w") as f:
+            json.dump({**summary, "mistake_positions": mistakes}, f, indent=2)
+        with open(os.path.join(out, "lost_lines.jsonl"), "w") as f:
+            for r in lines:
+                if r["metrics"]["loss"]:
+                    f.write(json.dumps({k: r[k] for k in ("messages", "rewards", "metrics")}) + "\n")
+    return summary, mistakes
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main():
+    p = add_policy_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
+    p.set_defaults(temp=0.0)
+    p.add_argument("-n", type=int, default=100, help="number of examples")
+    p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per example")
+    p.add_argument("--opponent", choices=sorted(OPPONENTS), default=None, help="tictactoe shorthand: optimal (p=0) or random (p=1) opponent")
+    p.add_argument("--out", default=None, help="directory for summary.json and rollouts.jsonl")
+    p.add_argument("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
+    p.add_argument("--certify", action="store_true", help="tictactoe: play the greedy policy against every opponent line")
+    p.add_argument("--show", type=int, default=2, help="transcripts to print")
+    args = p.parse_args()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    env_args = json.loads(args.env_args or "{}")
+    if args.opponent:
+        env_args.update(OPPONENTS[args.opponent])
+    env = load_env(args.env, env_args)
+    if args.certify and args.temp != 0:
+        raise SystemExit("--certify proves the greedy policy: use --temp 0")
+    policy = policy_from_args(args, env)
+    if args.certify:
+        summary, mistakes = certify(env, policy, args.out)
+        for m in mistakes[:args.show]:
+            print(f"{m['kind']}:\n{m['board'][0:3]}\n{m['board'][3:6]}\n{m['board'][6:9]}\nreply: {m['reply']}\n")
+        print(format_summary(summary, f"certificate for {args.model} (greedy)"))
+    else:
+        summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, args.out, args.resume)
+        for rec in records[:args.show]:
+            print(show(rec) + "\n")
+        print(format_summary(summary, f"{args.model} on {args.env} {json.dumps(env_args)}"))
+    if args.out:
+        with open(os.path.join(args.out, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

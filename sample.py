@@ -1,0 +1,428 @@
+"""
+Batched multi-turn rollouts with exact token trajectories: the engine eval.py, sft.py and rl.py use.
+
+    python sample.py --model out/rl --env tictactoe -n 4          # watch a model play (GPU or CPU)
+    python sample.py --model minimax --env tictactoe -n 2         # the scripted players: minimax, random
+    python sample.py --model gpt-5-mini --api_base https://api.openai.com/v1 -n 2   # any OpenAI-compatible API
+    python sample.py --model out/rl --play                        # play against the model yourself
+
+A policy maps a batch of unfinished episodes to one reply each. Three kinds share that interface:
+  HFPolicy       a Hugging Face causal LM; all unfinished episodes go through ONE generate() call per turn.
+                 It keeps each episode's exact token trajectory: `ids` (prompt, every sampled reply with its
+                 end-of-turn token, every environment message), `mask` (1 exactly on sampled tokens) and
+                 `logprobs` (of the sampled tokens under the sampling temperature, 0 elsewhere). Later
+                 environment messages are appended as the tokens the chat template puts between an assistant
+                 turn and the next generation prompt; the conversation is never re-rendered, so templates
+                 that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift.
+  APIPolicy      an OpenAI-compatible endpoint, concurrent requests, retries with backoff.
+  ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax).
+"""
+import argparse
+import concurrent.futures
+import copy
+import importlib
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+# ----------------------------------------------------------------------------- environments
+
+
+def load_env(name, env_args=None):
+    """Import env_NAME.py and call its load_environment(**env_args); env_args may be a JSON string."""
+    if isinstance(env_args, str):
+        try:
+            env_args = json.loads(env_args) if env_args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"max_random_move_prob\": 0.5}}'")
+    try:
+        module = importlib.import_module(f"env_{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"env_{name}":
+            raise
+        found = sorted(f[4:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__))) if f.startswith("env_") and f.endswith(".py"))
+        raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() (found: {', '.join(found)})")
+    try:
+        return module.load_environment(**(env_args or {}))
+    except TypeError as e:
+        import inspect
+        raise SystemExit(f"bad --env_args for {name}: {e}; it accepts {list(inspect.signature(module.load_environment).parameters)}")
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"bad --env_args for {name}: {e}")
+
+
+def total_reward(env, rewards):
+    return sum(env.reward_weights.get(k, 1.0) * v for k, v in rewards.items())
+
+
+# ----------------------------------------------------------------------------- models and tokenizers
+
+
+def pick_device(device="auto"):
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def load_model(path, device="auto"):
+    """(model, tokenizer) from a hub id or a save_pretrained directory; bf16 on a GPU, fp32 on CPU, SDPA."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    device = pick_device(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32, attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        hint = ("it is not a local directory and could not be fetched from the hub (no network?). Pass a directory "
+                "saved with save_pretrained (e.g. out/sft), or build one offline with `python sft.py --model scratch`"
+                if not os.path.isdir(path) else "the directory is not a complete save_pretrained model")
+        raise SystemExit(f"could not load model {path!r}: {hint}.\n  ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
+    if not tokenizer.chat_template:
+        raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set tokenizer.chat_template "
+                         "and save it (sft.py --model scratch writes one)")
+    return model.to(device).eval(), tokenizer
+
+
+class ChatTokens:
+    """The token pieces of a chat template that a multi-turn rollout needs, found once by rendering a probe.
+
+    Rendering [system, user, assistant=SENTINEL, user=X] + generation prompt, the text after SENTINEL is
+    `<end-of-turn>` + (user turn X + generation prompt). The first token of that text is the end-of-turn
+    token the model must sample to stop; the rest, for a real message X, is what we append after it."""
+    SENTINEL = "\u2063S3NT1N3L\u2063"
+
+    def __init__(self, tokenizer, system_prompt):
+        self.tokenizer, self.system = tokenizer, system_prompt
+        probe = self.after_sentinel("X")
+        ids = tokenizer(probe, add_special_tokens=False).input_ids
+        self.eot_id = ids[0]
+        self.stop_ids = sorted({self.eot_id} | set(_as_list(tokenizer.eos_token_id)))
+
+    def render(self, messages, **kw):
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+
+    def after_sentinel(self, user_message):
+        msgs = [{"role": "system", "content": self.system}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": self.SENTINEL}, {"role": "user", "content": user_message}]
+        text = self.render(msgs, add_generation_prompt=True)
+        if self.SENTINEL not in text:
+            raise SystemExit("the chat template drops assistant messages; cannot build multi-turn trajectories")
+        return text[text.index(self.SENTINEL) + len(self.SENTINEL):]
+
+    def prompt_ids(self, messages):
+        """Token ids of the first turn: the template's own rendering + generation prompt."""
+        return self.tokenizer(self.render(messages, add_generation_prompt=True), add_special_tokens=False).input_ids
+
+    def user_turn_ids(self, user_message):
+        """Tokens after the end-of-turn token up to the next generation prompt, for a new user message."""
+        ids = self.tokenizer(self.after_sentinel(user_message), add_special_tokens=False).input_ids
+        assert ids[0] == self.eot_id, "chat template: end-of-turn token is not where expected"
+        return ids[1:]
+
+
+    def encode_conversation(self, messages):
+        """(ids, mask) of a finished conversation laid out exactly as a rollout lays it out: the first prompt,
+        then each assistant reply + end-of-turn (mask 1), then each later user message's turn tokens (mask 0)."""
+        ids = self.prompt_ids(messages[:2])
+        mask = [0] * len(ids)
+        for m in messages[2:]:
+            new = (self.tokenizer(m["content"], add_special_tokens=False).input_ids + [self.eot_id]
+                   if m["role"] == "assistant" else self.user_turn_ids(m["content"]))
+            ids += new
+            mask += [int(m["role"] == "assistant")] * len(new)
+        return ids, mask
+
+
+def _as_list(x):
+    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class _RecordLogprobs:
+    """Logits processor that keeps the logprob of each sampled token under softmax(logits / temp).
+
+    generate() applies it before its own temperature/top-p warpers, so it sees the model's logits. At each
+    step it gathers the token chosen at the previous step: memory stays (B, V) instead of (B, T, V)."""
+
+    def __init__(self, temp):
+        self.temp, self.prev, self.out = (temp if temp > 0 else 1.0), None, []
+
+    def __call__(self, input_ids, scores):
+        self.collect(input_ids[:, -1])
+        self.prev = torch.log_softmax(scores.float() / self.temp, dim=-1)  # (B, V)
+        return scores
+
+    def collect(self, tokens):
+        if self.prev is not None:
+            self.out.append(self.prev.gather(1, tokens[:, None]).squeeze(1))  # (B,)
+            self.prev = None
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+class HFPolicy:
+    def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256):
+        self.model, self.tokenizer = model, tokenizer
+        self.chat = ChatTokens(tokenizer, system_prompt)
+        self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
+        self.gen_tokens = 0  # sampled tokens, for throughput
+
+    def __call__(self, episodes):
+        for ep in episodes:  # bring each trajectory up to the generation prompt of this turn
+            if "ids" not in ep:
+                ids = self.chat.prompt_ids(ep["messages"])
+                ep.update(ids=ids, mask=[0] * len(ids), logprobs=[0.0] * len(ids))
+            else:
+                new = self.chat.user_turn_ids(ep["messages"][-1]["content"])
+                ep["ids"] += new
+                ep["mask"] += [0] * len(new)
+                ep["logprobs"] += [0.0] * len(new)
+        replies = []
+        for i in range(0, len(episodes), self.batch_size):
+            replies += self._generate(episodes[i:i + self.batch_size])
+        return replies
+
+    @torch.no_grad()
+    def _generate(self, episodes):
+        device = self.model.device
+        width = max(len(ep["ids"]) for ep in episodes)
+        input_ids = torch.full((len(episodes), width), self.pad_id, dtype=torch.long)  # (B, T) left-padded
+        attention = torch.zeros((len(episodes), width), dtype=torch.long)
+        for b, ep in enumerate(episodes):
+            input_ids[b, width - len(ep["ids"]):] = torch.tensor(ep["ids"])
+            attention[b, width - len(ep["ids"]):] = 1
+        record = _RecordLogprobs(self.temp)
+        sampling = dict(do_sample=True, temperature=self.temp, top_p=self.top_p, top_k=0) if self.temp > 0 else dict(do_sample=False)
+        out = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id, logits_processor=[record], **sampling)
+        new = out[:, width:].cpu()  # (B, L)
+        record.collect(out[:, -1])
+        logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)
+        replies = []
+        for b, ep in enumerate(episodes):
+            toks, lps = new[b].tolist(), logprobs[b].tolist()
+            stop = next((i for i, t in enumerate(toks) if t in self.chat.stop_ids), None)
+            toks, lps = (toks[:stop + 1], lps[:stop + 1]) if stop is not None else (toks, lps)
+            self.gen_tokens += len(toks)
+            ep["ids"] += toks
+            ep["mask"] += [1] * len(toks)
+            ep["logprobs"] += lps
+            if not toks or toks[-1] != self.chat.eot_id:  # cut off (or another eos): close the turn, not trained on
+                ep["ids"].append(self.chat.eot_id)
+                ep["mask"].append(0)
+                ep["logprobs"].append(0.0)
+            ep["truncated"] = ep.get("truncated", 0) + (stop is None)
+            replies.append(self.tokenizer.decode(toks[:stop] if stop is not None else toks, skip_special_tokens=True))
+        return replies
+
+
+class APIPolicy:
+    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env."""
+    RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+    def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024,
+                 concurrency=16, retries=6, timeout=120.0, backoff=1.0):
+        import openai
+        self.openai, self.model, self.temp, self.max_new_tokens = openai, model, temp, max_new_tokens
+        self.client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env) or "EMPTY",
+                                    max_retries=0, timeout=timeout)
+        self.api_base, self.concurrency, self.retries, self.backoff = api_base, concurrency, retries, backoff
+        self.gen_tokens = 0
+
+    def __call__(self, episodes):
+        with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda ep: self._one(ep["messages"]), episodes))
+
+    def _one(self, messages):
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self.client.chat.completions.create(model=self.model, messages=messages, temperature=self.temp,
+                                                           max_tokens=self.max_new_tokens)
+                self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
+                return resp.choices[0].message.content or ""
+            except (self.openai.APITimeoutError, self.openai.APIConnectionError, self.openai.APIStatusError) as e:
+                status = getattr(e, "status_code", None)
+                if status is not None and status not in self.RETRYABLE_STATUS:
+                    raise RuntimeError(f"API error {status} from {self.api_base} for model {self.model!r}: {e}. "
+                                       "Check --model, --api_base and the key in --api_key_env.") from e
+                if attempt == self.retries:
+                    raise RuntimeError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
+                                       f"({type(e).__name__}: {e}). Is the server up? Retry later or raise --retries; "
+                                       "finished rollouts are kept (eval.py --resume continues).") from e
+                time.sleep(min(self.backoff * 2 ** attempt, 30.0) * (0.5 + random.random()))
+
+
+class ScriptedPolicy:
+    def __init__(self, env, name, random_move_prob=0.0):
+        self.player, self.gen_tokens = env.scripted_player(name, random_move_prob), 0
+
+    def __call__(self, episodes):
+        return [self.player(ep["state"]) for ep in episodes]
+
+
+def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
+                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0):
+    """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
+    if model in ("random", "minimax", "oracle"):
+        return ScriptedPolicy(env, model, random_move_prob)
+    if api_base:
+        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency)
+    lm, tokenizer = load_model(model, device)
+    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size)
+
+
+# ----------------------------------------------------------------------------- the rollout loop
+
+
+def new_episode(env, example, index=0, rollout=0):
+    state, first = env.reset(example)
+    return {"example": example, "index": index, "rollout": rollout, "state": state,
+            "messages": [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first}]}
+
+
+def advance(env, ep, reply):
+    """Give one reply to the environment; True when the episode is over."""
+    ep["messages"].append({"role": "assistant", "content": reply})
+    msg = env.step(ep["state"], reply)
+    if msg is not None:
+        ep["messages"].append({"role": "user", "content": msg})
+    return msg is None
+
+
+def finish(env, ep):
+    """The JSON-able rollout record of a finished episode."""
+    rewards = env.rewards(ep["state"])
+    rec = {"index": ep["index"], "rollout": ep["rollout"], "example": ep["example"], "messages": ep["messages"],
+           "rewards": rewards, "reward": total_reward(env, rewards),
+           "metrics": env.metrics(ep["state"]) if hasattr(env, "metrics") else {}}
+    if "ids" in ep:
+        rec.update(ids=ep["ids"], mask=ep["mask"], logprobs=ep["logprobs"], truncated=ep.get("truncated", 0))
+    return rec
+
+
+def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progress=True, skip=()):
+    """Play every example `group` times; returns records ordered by (example, rollout).
+
+    Each turn, ALL unfinished episodes go to the policy at once; finished ones leave the batch and are handed
+    to on_done(record) immediately (eval.py writes them to disk as they finish). `skip` holds (index, rollout)
+    pairs already done."""
+    active = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples) for r in range(group)
+              if (start_index + i, r) not in skip]
+    done = []
+    bar = tqdm(total=len(active), desc="episodes", unit="ep", disable=not progress, leave=False)
+    for _ in range(env.max_turns):
+        if not active:
+            break
+        replies = policy(active)
+        still = []
+        for ep, reply in zip(active, replies):
+            if advance(env, ep, reply):
+                done.append(finish(env, ep))
+                if on_done:
+                    on_done(done[-1])
+                bar.update(1)
+            else:
+                still.append(ep)
+        active = still
+    assert not active, "environment did not end its episodes within max_turns"
+    bar.close()
+    return sorted(done, key=lambda r: (r["index"], r["rollout"]))
+
+
+# ----------------------------------------------------------------------------- printing and playing
+
+
+def show(rec, env=None):
+    """A rollout as a person wants to read it."""
+    lines = [f"=== example {rec['index']} rollout {rec['rollout']} | " + " | ".join(f"{k} {v:.2f}" for k, v in rec["rewards"].items())
+             + f" | total {rec['reward']:.3f}"]
+    for m in rec["messages"][1:]:
+        tag = "model" if m["role"] == "assistant" else "env"
+        lines.append(f"[{tag}] " + m["content"].replace("\n", "\n        "))
+    if rec.get("metrics"):
+        lines.append("metrics: " + ", ".join(f"{k}={v:g}" for k, v in rec["metrics"].items()))
+    return "\n".join(lines)
+
+
+def play_human(env, policy):
+    """Terminal game: the model is X, you are O."""
+    if not hasattr(env, "opponent"):
+        raise SystemExit("--play needs a game environment with an opponent (tictactoe)")
+
+    def ask(state):
+        free = [i for i, c in enumerate(state["board"]) if c == "."]
+        while True:
+            text = input(f"your move (O), one of {free}: ").strip()
+            if text.isdigit() and int(text) in free:
+                return int(text)
+            print("not a free cell, try again")
+    env.opponent = ask
+    while True:
+        ex = env.examples(1, seed=random.randrange(2**31))[0]
+        ep = new_episode(env, ex)
+        print("\n" + ep["messages"][1]["content"])
+        while True:
+            reply = policy([ep])[0]
+            print(f"[model] {reply}")
+            if advance(env, ep, reply):
+                break
+            print(ep["messages"][-1]["content"])
+        print(env.describe(ep["state"]))
+        if input("again? [Y/n] ").strip().lower().startswith("n"):
+            return
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_policy_args(p):
+    """Flags shared by every script that plays episodes (sample.py, eval.py)."""
+    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with --api_base, or a scripted player (random, minimax)")
+    p.add_argument("--env", default="tictactoe", help="environment NAME: imports env_NAME.py")
+    p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
+    p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
+    p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
+    p.add_argument("--batch_size", type=int, default=256, help="max episodes per generate() call (bounds memory)")
+    p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL; --model is then the served model name")
+    p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="name of the environment variable holding the API key")
+    p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
+    p.add_argument("--random_move_prob", type=float, default=0.0, help="--model minimax only: its own random-move probability")
+    return p
+
+
+def policy_from_args(args, env, temp=None):
+    return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
+                       args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob)
+
+
+def main():
+    p = add_policy_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter))
+    p.add_argument("-n", type=int, default=4, help="number of episodes to play and print")
+    p.add_argument("--play", action="store_true", help="play tic-tac-toe against the model in the terminal")
+    p.add_argument("--out", default=None, help="also write the rollout records (JSONL) to this file")
+    args = p.parse_args()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    env = load_env(args.env, args.env_args)
+    policy = policy_from_args(args, env)
+    if args.play:
+        return play_human(env, policy)
+    records = rollout(env, env.examples(args.n, args.seed), policy)
+    for rec in records:
+        print(show(rec, env) + "\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()

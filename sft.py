@@ -1,0 +1,385 @@
+"""
+SFT warm-up: play teacher games, keep the good ones, train every parameter on the teacher's replies.
+
+    python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --api_base https://api.openai.com/v1 --n_games 200   # GPU
+    python sft.py --model scratch --teacher minimax --teacher_random_prob 0.3                # offline, CPU, minutes
+    python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
+
+--model scratch builds a small Llama-architecture model (random init, a few million parameters) and a
+byte-level BPE tokenizer trained on the environment's own transcripts, with a ChatML chat template, and
+saves both with save_pretrained; from then on it is an ordinary model directory.
+
+Conversations are laid out as the rollout engine lays out trajectories (sample.ChatTokens): the loss is on
+the assistant replies and their end-of-turn tokens only. Output: DIR (default out/sft) is a save_pretrained
+directory (safetensors, tokenizer, chat template) loadable by eval.py, rl.py, transformers and vLLM, plus
+DIR/sft_args.json, DIR/sft_results.json, DIR/metrics.jsonl, DIR/data.jsonl (the kept games) and
+DIR/trainer_state.pt (for --resume).
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import time
+
+import torch
+
+from sample import ChatTokens, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# ----------------------------------------------------------------------------- shared training helpers (rl.py uses them)
+
+
+def lr_at(step, lr, warmup, total, schedule):
+    """Linear warm-up, then constant or cosine decay to 10% of lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "cosine" and total > warmup:
+        return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup)))))
+    return lr
+
+
+def token_microbatches(lengths, budget):
+    """Group sequence indices into micro-batches of at most `budget` padded tokens (one long sequence alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[cur[0]] > budget:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    return batches + ([cur] if cur else [])
+
+
+def pad_batch(seqs, pad_id, device):
+    """Right-pad lists of ids (and matching lists) into (B, T) tensors."""
+    width = max(len(s) for s in seqs[0])
+    out = []
+    for rows, fill in zip(seqs, (pad_id,) + (0,) * (len(seqs) - 1)):
+        t = torch.full((len(rows), width), fill, dtype=torch.long if isinstance(rows[0][0], int) else torch.float)
+        for b, r in enumerate(rows):
+            t[b, :len(r)] = torch.tensor(r, dtype=t.dtype)
+        out.append(t.to(device))
+    return out
+
+
+def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
+    """save_pretrained + trainer state into OUT.tmp, then swap it in: a crash never leaves half a checkpoint."""
+    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+    for name, obj in extra_json.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            json.dump(obj, f, indent=2)
+    if os.path.isdir(out):  # keep logs and data that live beside the weights
+        for name in os.listdir(out):
+            if name.endswith(".jsonl") or name.endswith(".png") or name.startswith("eval"):
+                src = os.path.join(out, name)
+                if not os.path.exists(os.path.join(tmp, name)):
+                    shutil.move(src, os.path.join(tmp, name))
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def rng_state():
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s):
+    random.setstate(s["python"])
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def log_line(step, metrics, path=None):
+    """One grep-able line per step, and the same as a JSON line in `path`."""
+    parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+    print(" | ".join(parts), flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+# ----------------------------------------------------------------------------- the scratch model
+
+
+def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048):
+    """Train a byte-level BPE tokenizer on scripted transcripts of `env`, build a random-init Llama, save both."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    texts = [env.system_prompt]
+    players = [n for n in ("random", "minimax", "oracle") if _has_player(env, n)]
+    for i, name in enumerate(players):
+        policy = ScriptedPolicy(env, name, 0.3)
+        for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
+            texts += [m["content"] for m in rec["messages"][1:]]
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=special[1:2])
+    tokenizer.chat_template = CHATML
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=n_layers,
+                         num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=max_len,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"scratch model: {n / 1e6:.2f}M parameters, vocab {len(tokenizer)}, saved to {out}")
+    return out
+
+
+def _has_player(env, name):
+    try:
+        env.scripted_player(name)
+        return True
+    except (ValueError, AttributeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- teacher data
+
+
+def keep_game(rec, keep):
+    m = rec.get("metrics", {})
+    if keep == "all":
+        return True
+    well_formed = m.get("format", 1.0) == 1.0
+    if keep == "not_lost":
+        return well_formed and not m.get("loss", 0.0)
+    if keep == "won":
+        return well_formed and m.get("win", 0.0) == 1.0
+    if keep.startswith("reward>="):
+        return rec["reward"] >= float(keep.split(">=")[1])
+    raise SystemExit(f"--keep {keep!r}: use not_lost, won, all or reward>=X")
+
+
+def teacher_games(args, env):
+    """Play --n_games with the teacher, write all games to DIR/teacher_games.jsonl as they finish, return the kept ones."""
+    policy = make_policy(args.teacher, env, args.device, args.teacher_temp, 1.0, args.max_new_tokens, 256, args.api_base,
+                         args.api_key_env, args.concurrency, args.teacher_random_prob)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "teacher_games.jsonl")
+    games = []
+    with open(path, "w") as f:
+        def write(rec):
+            games.append(rec)
+            f.write(json.dumps({k: rec[k] for k in ("messages", "reward", "rewards", "metrics")}) + "\n")
+            f.flush()
+        try:
+            rollout(env, env.examples(args.n_games, args.seed + 1), policy, on_done=write)
+        except RuntimeError as e:
+            raise SystemExit(f"teacher failed after {len(games)} games (kept in {path}; reuse them with --data {path}): {e}")
+    kept = [g for g in games if keep_game(g, args.keep)]
+    mix = {k: sum(g["metrics"].get(k, 0) for g in kept) for k in ("win", "draw", "loss")}
+    print(f"teacher {args.teacher}: {len(games)} games played, {len(kept)} kept ({args.keep}); kept mix: "
+          + ", ".join(f"{k} {int(v)}" for k, v in mix.items()))
+    return [g["messages"] for g in kept]
+
+
+def read_data(path):
+    if not os.path.exists(path):
+        raise SystemExit(f"--data {path!r} does not exist (write one with --teacher, it lands in DIR/data.jsonl)")
+    convs = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                msgs = json.loads(line)["messages"]
+                assert isinstance(msgs, list) and all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str) for m in msgs)
+                assert len(msgs) >= 3 and msgs[0]["role"] == "system" and msgs[1]["role"] == "user"
+            except (ValueError, KeyError, TypeError, AssertionError):
+                raise SystemExit(f"{path}:{i}: expected a JSON object with \"messages\": [system, user, assistant, ...] "
+                                 "chat messages (role + content); fix or delete that line") from None
+            convs.append(msgs)
+    return convs
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # model and data
+    p.add_argument("--model", default="scratch", help="hub id or directory to fine-tune, or 'scratch' to build a small model offline")
+    p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
+    p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
+    p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), an API model with --api_base, or an HF model")
+    p.add_argument("--teacher_random_prob", type=float, default=0.3, help="scripted minimax teacher: its random-move probability")
+    p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
+    p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL for an API teacher")
+    p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
+    p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
+    p.add_argument("--n_games", type=int, default=1000, help="teacher games to play")
+    p.add_argument("--keep", default="not_lost", help="filter: not_lost (and well-formed), won, all, or reward>=X")
+    p.add_argument("--data", default=None, help="train on this JSONL of {'messages': [...]} instead of playing teacher games")
+    # scratch model
+    p.add_argument("--vocab_size", type=int, default=512, help="scratch: BPE vocabulary size")
+    p.add_argument("--d_model", type=int, default=128, help="scratch: hidden size")
+    p.add_argument("--n_layers", type=int, default=4, help="scratch: transformer layers")
+    p.add_argument("--n_heads", type=int, default=4, help="scratch: attention heads")
+    # optimization
+    p.add_argument("--epochs", type=float, default=3.0, help="passes over the data (ignored when --max_steps > 0)")
+    p.add_argument("--max_steps", type=int, default=0, help="optimizer steps (0: from --epochs)")
+    p.add_argument("--batch", type=int, default=32, help="conversations per optimizer step")
+    p.add_argument("--token_budget", type=int, default=16384, help="max padded tokens per micro-batch (gradient accumulation above it)")
+    p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 for pretrained models)")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up steps")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine", help="lr schedule after warm-up")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
+    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing (less memory, ~30%% slower)")
+    # run
+    p.add_argument("--out", default="out/sft", help="output directory (model + logs)")
+    p.add_argument("--resume", action="store_true", help="continue from DIR's last checkpoint")
+    p.add_argument("--eval_every", type=int, default=50, help="game evaluation every N steps (0: only at the end)")
+    p.add_argument("--eval_n", type=int, default=50, help="games per opponent in those evaluations")
+    p.add_argument("--save_every", type=int, default=50, help="checkpoint every N steps")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    args = p.parse_args()
+
+    # ---- setup
+    t_start = time.time()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    env = load_env(args.env, args.env_args)
+    state_path = os.path.join(args.out, "trainer_state.pt")
+    resume = args.resume and os.path.exists(state_path)
+    if args.resume and not resume:
+        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
+
+    # ---- data
+    data_path = os.path.join(args.out, "data.jsonl")
+    if resume:
+        convs = read_data(data_path)
+    elif args.data:
+        convs = read_data(args.data)
+    else:
+        convs = teacher_games(args, env)
+    if not convs:
+        raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
+                         "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")
+    os.makedirs(args.out, exist_ok=True)
+    if not resume:
+        with open(data_path, "w") as f:
+            f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
+
+    # ---- model
+    if resume:
+        model_path = args.out
+    elif args.model == "scratch":
+        model_path = build_scratch(os.path.join(args.out + "_init"), env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
+    else:
+        model_path = args.model
+    model, tokenizer = load_model(model_path, device)
+    chat = ChatTokens(tokenizer, env.system_prompt)
+    encoded = [chat.encode_conversation(c) for c in convs]
+    dropped = sum(len(ids) > args.max_len for ids, _ in encoded)
+    encoded = [e for e in encoded if len(e[0]) <= args.max_len]
+    if not encoded:
+        raise SystemExit(f"every conversation is longer than --max_len {args.max_len}")
+    print(f"data: {len(encoded)} conversations, {sum(len(i) for i, _ in encoded)} tokens, "
+          f"{sum(sum(m) for _, m in encoded)} trained on" + (f", {dropped} dropped as longer than --max_len" if dropped else ""))
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable()
+
+    # ---- optimizer
+    steps_per_epoch = max(1, len(encoded) // args.batch)
+    total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    step = 0
+    if resume:
+        ts = torch.load(state_path, weights_only=False)
+        opt.load_state_dict(ts["optimizer"])
+        step = ts["step"]
+        set_rng_state(ts["rng"])
+        print(f"resumed from {args.out} at step {step}")
+
+    def batch_indices(step):
+        """The data position is a pure function of the step: epoch e is a permutation seeded by (seed, e)."""
+        epoch, k = divmod(step, steps_per_epoch)
+        perm = list(range(len(encoded)))
+        random.Random(args.seed * 1000 + epoch).shuffle(perm)
+        return perm[k * args.batch:(k + 1) * args.batch]
+
+    # ---- loop
+    from eval import OPPONENTS, evaluate
+    metrics_path = os.path.join(args.out, "metrics.jsonl")
+    results = {}
+
+    def run_eval(step):
+        from sample import HFPolicy
+        model.eval()
+        policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64)
+        for name, opp in (OPPONENTS.items() if hasattr(env, "opponent") else [("default", {})]):
+            eval_env = load_env(args.env, {**json.loads(args.env_args), **opp})
+            s, recs = evaluate(eval_env, policy, args.eval_n, seed=12345, progress=False)
+            results[name] = s
+            log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
+        model.train()
+
+    def save(step):
+        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state()},
+                        {"sft_args.json": vars(args), "sft_results.json": {"step": step, "eval": results, "wall_s": time.time() - t_start}})
+
+    model.train()
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+    while step < total:
+        t0 = time.time()
+        lr = lr_at(step, args.lr, args.warmup, total, args.schedule)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = batch_indices(step)
+        n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)
+        loss_sum, n_tok = 0.0, 0
+        for mb in token_microbatches([len(encoded[i][0]) for i in idx], args.token_budget):
+            ids, mask = pad_batch(([encoded[idx[j]][0] for j in mb], [encoded[idx[j]][1] for j in mb]), chat.eot_id, model.device)
+            with amp:
+                # right padding needs no attention mask: padded positions come after every real token and carry mask 0
+                logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
+            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+            loss = (nll * mask[:, 1:]).sum() / n_loss_tokens
+            loss.backward()
+            loss_sum += loss.item()
+            n_tok += int(mask.numel())
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        dt = time.time() - t0
+        log_line(step, {"loss": loss_sum, "lr": lr, "grad_norm": gnorm, "tokens_per_s": n_tok / dt, "step_time": dt}, metrics_path)
+        if args.eval_every and step % args.eval_every == 0 and step < total:
+            run_eval(step)
+        if args.save_every and step % args.save_every == 0 and step < total:
+            save(step)
+
+    # ---- final eval and save
+    run_eval(step)
+    save(step)
+    print(f"done in {time.time() - t_start:.0f}s: model saved to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
