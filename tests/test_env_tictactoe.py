@@ -359,9 +359,6 @@ def test_examples_are_stratified(a, b, k):
             p = r["random_move_prob"]
             assert a <= p <= b
             assert a + width * j - tol <= p <= a + width * (j + 1) + tol, (start, j, p)
-        if width > 0:
-            buckets = sorted(min(int((r["random_move_prob"] - a + tol / 2) / width), k - 1) for r in window)
-            assert buckets == list(range(k))
     # deterministic given the seed, different for another seed
     assert env.examples(n, seed=11) == rows
     other = env.examples(n, seed=12)
@@ -422,7 +419,7 @@ def test_win_reward():
 
 def test_loss_reward():
     env, state, msgs = scripted_game([6, 7, 3], [0, 1, 2])
-    assert state["winner"] == "O" and state["board"] == "OOOXXX" + "..."[:0] + "XX." or state["winner"] == "O"
+    assert state["winner"] == "O" and state["board"] == "OOOX..XX." and msgs[-1] is None
     assert env.rewards(state) == {"win": 0.0, "format": 1.0, "invalid": 0.0}
     assert env.metrics(state)["loss"] == 1.0 and env.metrics(state)["win"] == 0.0
 
@@ -458,7 +455,7 @@ def test_format_fraction_and_invalid_penalty():
 
 
 def test_invalid_reply_leaves_board_and_uses_a_turn():
-    env, state, msgs = scripted_game([4], [0])
+    env, state, msgs = scripted_game([4], [0], max_turns=30)
     board = state["board"]
     cases = [("<move>0</move>", "already taken"), ("<move>4</move>", "already taken"), ("nothing", "no <move>"),
              ("<move>9</move>", "not between 0 and 8"), ("<move>-1</move>", "not between 0 and 8"),
@@ -468,7 +465,7 @@ def test_invalid_reply_leaves_board_and_uses_a_turn():
         msg = env.step(state, reply)
         assert state["board"] == board and state["turns"] == i and state["invalid_moves"] == i - 1
         assert msg.startswith("Invalid move:") and why in msg and "unchanged" in msg, msg
-    assert state["turns"] == 8 or not state["done"]
+        assert msg.endswith("Your move.") and not state["done"]
 
 
 def test_weighted_total_always_in_range():
@@ -589,25 +586,49 @@ def test_fuzz_step_never_crashes_and_state_stays_consistent():
         msg = check_step(env, state, reply)
         valid += state["board"] != board
         if msg is None:
-            live.remove((env, state))
+            live = [g for g in live if g[1] is not state]
     assert n_games > 300 and valid > 1000
 
 
 def test_fuzz_odd_reply_types_and_huge_reply():
     env = ttt.load_environment(max_turns=30)
     state, _ = env.reset({"seed": 3, "random_move_prob": 0.0, "model_first": True})
-    for reply in [None, 4, 4.0, b"junk", ["<move>4</move>"][0:0], "", "\x00" * 1000]:
-        check_step(env, state, reply if isinstance(reply, str) else str(reply))
-        env.step(copy.deepcopy(state), reply)  # non-str replies are accepted too
-    huge = "<think>" + "lorem ipsum <mov e> 4 ٤ " * 150_000 + "</think><move>4</move>"
-    assert len(huge) > 3_000_000
+    for reply in [None, 4, 4.0, b"<move>4</move>", ["<move>4</move>"], {"move": 4}]:
+        a, b = copy.deepcopy(state), copy.deepcopy(state)
+        assert env.step(a, reply) == env.step(b, str(reply))  # non-str replies are read as str(reply)
+        assert a == b
+    for reply in ["", "\x00" * 1000, "<move>" * 200 + "</move>"]:
+        check_step(env, state, reply)
+    huge = "<think>" + "lorem ipsum <mov e> 4 ٤ " * 100_000 + "</think><move>4</move>"
+    assert len(huge) > 2_000_000
     t0 = time.perf_counter()
     check_step(env, state, huge)
     assert ttt.is_well_formed(huge)
     assert state["board"][4] == "X"
-    huge_junk = "".join(random.Random(1).choice("<>/movethink 0123456789") for _ in range(2_000_000))
+    huge_junk = "".join(random.Random(1).choices("<>/movethink 0123456789", k=2_000_000))
     check_step(env, state, huge_junk)
     assert time.perf_counter() - t0 < 5
+
+
+PATHOLOGICAL_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import env_tictactoe as t
+reply = "<move>" * 100_000 + "4"  # 600 kB of unclosed opening tags
+print(t.parse_move(reply, "." * 9), t.is_well_formed(reply))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: parse_move's MOVE_RE.findall is quadratic in the number of unclosed "
+                                       "<move> tags (600 kB takes minutes); remove this marker once fixed")
+def test_many_unclosed_move_tags_parse_fast():
+    try:
+        proc = subprocess.run([sys.executable, "-c", PATHOLOGICAL_SCRIPT, str(ROOT)], capture_output=True,
+                              text=True, timeout=1.5)
+    except subprocess.TimeoutExpired:
+        pytest.fail("parse_move took over 1.5 s on a 600 kB reply")
+    assert proc.returncode == 0, proc.stderr
+    assert "no <move>" in proc.stdout
 
 
 @pytest.mark.parametrize("reply,cell,reason", [
@@ -662,7 +683,7 @@ def test_is_well_formed_cases(reply, ok):
     assert ttt.is_well_formed(reply) is ok
 
 
-@settings(derandomize=True, max_examples=400, deadline=None, database=None)
+@settings(derandomize=True, max_examples=250, deadline=None, database=None)
 @given(st.text(alphabet=st.sampled_from(list("<>/ movethink0123456789-.\n٤")) | st.characters(), max_size=60),
        st.sampled_from([EMPTY, "X...O....", "XOXOXO..."]))
 def test_parse_move_property(reply, board):
@@ -677,7 +698,7 @@ def test_parse_move_property(reply, board):
         assert structurally_well_formed(reply)
 
 
-@settings(derandomize=True, max_examples=200, deadline=None, database=None)
+@settings(derandomize=True, max_examples=120, deadline=None, database=None)
 @given(st.text(max_size=30).filter(lambda s: "<think>" not in s and "</think>" not in s
                                    and "<move>" not in s and "</move>" not in s),
        st.integers(0, 8), st.sampled_from(["", " ", "\n", "\t "]))
@@ -763,10 +784,9 @@ def test_scripted_explanations_are_true():
     kinds = Counter()
     boards = [b for b in POS_X | POS_O if my_winner(b) is None and b.count("X") <= b.count("O")]
     boards = sorted(set(boards))
-    for seed in (0, 1):
-        for board in boards:
-            for player in players:
-                kinds[check_explanation(board, player({"board": board, "seed": seed}))] += 1
+    for i, board in enumerate(boards):
+        for player in players:
+            kinds[check_explanation(board, player({"board": board, "seed": i % 3}))] += 1
     assert set(kinds) == {"win", "block", "fork", "threat", "plain"}, kinds
 
 
@@ -777,7 +797,7 @@ def test_minimax_player_takes_immediate_wins_and_optimal_moves():
         if my_winner(board) is not None or board.count("X") > board.count("O"):
             continue
         cell = int(re.search(r"<move>(\d)</move>", player({"board": board, "seed": 5})).group(1))
-        first = "X" if board.count("X") == board.count("O") and board in POS_X else "O"
+        first = "X" if board.count("X") == board.count("O") else "O"
         val = VAL_X if first == "X" else VAL_O
         wins = my_threats(board, "X")
         if wins:

@@ -1,0 +1,374 @@
+"""
+RL with verifiable rewards: a readable GRPO/CISPO loop for one GPU.
+
+    python rl.py --batch 256 --temp 1.1                   # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
+    python rl.py --env reverse --batch 64 --group 8 --max_new_tokens 32 --model out/sft_reverse
+    python rl.py --model out/sft --batch 16 --group 4 --steps 2 --eval_every 0 --out /tmp/rl   # CPU smoke run
+
+One step:
+  1. take E = batch/group consecutive examples (the environment stratifies difficulty over consecutive
+     examples, so every batch is balanced) and roll each out `group` times at --temp; rollouts of one example
+     share its seed, so the opponent answers the same position the same way and rewards differ only by policy;
+  2. advantage A = R - mean(R of its group)  (--scale_rewards group: / std of the group, as in GRPO);
+  3. loss on the sampled tokens only (the trajectory `mask`), recomputed from the exact token ids of the
+     rollouts, logits divided by the sampling temperature so the logprobs describe the sampled distribution;
+  4. one optimizer step per batch (--minibatch / --ppo_epochs for several, where the importance ratio matters).
+
+Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
+cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
+
+Simplifications, on purpose:
+  - on-policy by default: with one optimizer step per batch the "old" logprobs are the current ones, r = 1,
+    and both losses reduce to REINFORCE with a group-mean baseline; the clip only acts with several updates
+    per batch (old logprobs are then recomputed by a no-grad pass before the first update);
+  - one advantage per episode: every token the model sampled in a multi-turn game gets the game's advantage
+    (no per-turn credit assignment, no value function, no discount);
+  - no KL penalty unless --beta > 0 (then a frozen reference copy is loaded), no entropy bonus;
+  - generation with HF generate on the training weights (no vLLM, no async), re-encoding the conversation
+    each turn instead of reusing the KV cache between turns;
+  - episodes whose advantage is 0 (e.g. groups whose rewards are all equal) are skipped in the backward
+    pass (they carry no gradient) but still count in the token normalisation.
+Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.png (if matplotlib is
+installed), eval rollouts, and a checkpoint (save_pretrained + trainer_state.pt) every --save_every steps.
+"""
+import argparse
+import inspect
+import json
+import math
+import os
+import random
+import time
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from eval import OPPONENTS, evaluate
+from sample import HFPolicy, load_env, load_model, pick_device, rollout, show
+from sft import log_line, lr_at, pad_batch, rng_state, save_checkpoint, set_rng_state, token_microbatches
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_high=0.2, ref_logp=None, beta=0.0):
+    """Sum over tokens of weight * per-token loss; every argument is (N,) over the loss tokens.
+
+    r = exp(logp - old_logp), A = the token's episode advantage
+      cispo: l = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp   (no lower clip when eps_low is None)
+      grpo:  l = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)  (eps_low None -> 0.2; eps_high 0.28 = DAPO clip-higher)
+      KL (beta > 0): l += beta * (exp(ref - logp) - (ref - logp) - 1)   (the k3 estimator, >= 0)
+    weight = 1 / (loss tokens in the batch) for token-level averaging (DAPO, CISPO), or
+             1 / (tokens of the episode * episodes in the batch) for per-sequence averaging (GRPO).
+    Returns (loss, clipped) where clipped marks tokens whose ratio hit a bound."""
+    ratio = torch.exp(logp - old_logp)
+    hi = 1.0 + eps_high
+    if loss == "cispo":
+        lo = None if eps_low is None else 1.0 - eps_low
+        per_token = -ratio.clamp(min=lo, max=hi).detach() * adv * logp
+        clipped = (ratio > hi) | ((ratio < lo) if lo is not None else torch.zeros_like(ratio, dtype=torch.bool))
+    elif loss == "grpo":
+        lo = 1.0 - (0.2 if eps_low is None else eps_low)
+        per_token = -torch.min(ratio * adv, ratio.clamp(lo, hi) * adv)
+        clipped = ((ratio > hi) & (adv > 0)) | ((ratio < lo) & (adv < 0))
+    else:
+        raise ValueError(f"unknown loss {loss!r}: cispo or grpo")
+    if beta > 0:
+        d = ref_logp - logp
+        per_token = per_token + beta * (torch.exp(d) - d - 1)
+    return (per_token * weight).sum(), clipped
+
+
+def token_logprobs(model, ids, mask, temp, chunk=2048):
+    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
+
+    ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
+    under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state  # (B, T, H); right padding needs no mask
+    sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
+    h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
+    head = model.get_output_embeddings()
+
+    def piece(h, t):
+        logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+        return logp.gather(1, t[:, None]).squeeze(1), entropy
+    outs = [checkpoint(piece, h[i:i + chunk], targets[i:i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)]
+    if not outs:
+        return hidden.new_zeros(0, dtype=torch.float), hidden.new_zeros(0, dtype=torch.float)
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+# ----------------------------------------------------------------------------- one update
+
+
+def update(model, records, adv, args, opt, amp, ref_model=None):
+    """The gradient steps of one batch. records: rollouts with ids/mask; adv: (len(records),) advantages."""
+    n_seq = len(records)
+    n_tok = [sum(r["mask"][1:]) for r in records]
+    # per-token weights: token-level averaging over the whole batch, or per-episode then over episodes
+    weights = [1.0 / max(sum(n_tok), 1)] * n_seq if args.loss_agg == "token" else [1.0 / (max(t, 1) * n_seq) for t in n_tok]
+    train = [i for i in range(n_seq) if n_tok[i] and (adv[i] != 0 or args.beta > 0)]
+    minibatch = args.minibatch or n_seq
+    groups = [[i for i in train if lo <= i < lo + minibatch] for lo in range(0, n_seq, minibatch)]
+    several = args.ppo_epochs > 1 or len(groups) > 1
+    device = model.device
+
+    def tensors(mb):
+        ids, mask = pad_batch(([records[i]["ids"] for i in mb], [records[i]["mask"] for i in mb]), 0, device)
+        tok = lambda vals: torch.cat([torch.full((n_tok[i],), float(vals[i])) for i in mb]).to(device)  # (N,)
+        return ids, mask, tok(adv.tolist()), tok(weights)
+
+    old = {}
+    if several or args.beta > 0:  # logprobs before any update (and of the reference), from a no-grad pass
+        with torch.no_grad(), amp:
+            for mb in token_microbatches([len(records[i]["ids"]) for i in train], args.token_budget):
+                mb = [train[j] for j in mb]
+                ids, mask, _, _ = tensors(mb)
+                lp = token_logprobs(model, ids, mask, args.temp)[0].split([n_tok[i] for i in mb])
+                ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split([n_tok[i] for i in mb]) if ref_model else [None] * len(mb)
+                old.update({i: (a, b) for i, a, b in zip(mb, lp, ref)})
+
+    stats = {"entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "logp_mismatch": 0.0, "train_tokens": 0, "skipped": 0}
+    counted = 0
+    for epoch in range(args.ppo_epochs):
+        for group in groups:
+            total_loss = 0.0
+            for mb in token_microbatches([len(records[i]["ids"]) for i in group], args.token_budget):
+                mb = [group[j] for j in mb]
+                ids, mask, a, w = tensors(mb)
+                with amp:
+                    logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
+                old_logp = torch.cat([old[i][0] for i in mb]) if several else logp.detach()
+                ref_logp = torch.cat([old[i][1] for i in mb]) if ref_model else None
+                loss, clipped = policy_loss(logp, old_logp, a, w, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
+                loss.backward()
+                total_loss += loss.item()
+                if epoch == 0:  # how far the trainer's logprobs are from the sampler's (temperature, precision)
+                    sampled = torch.tensor([lp for i in mb for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
+                    stats["logp_mismatch"] += (logp.detach() - sampled).abs().sum().item()
+                stats["entropy"] += entropy.sum().item()
+                stats["clip_frac"] += clipped.float().sum().item()
+                stats["train_tokens"] += int(mask.numel())
+                counted += len(logp)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            if not (math.isfinite(total_loss) and torch.isfinite(grad_norm)):
+                print(f"warning: non-finite loss {total_loss} or grad norm {grad_norm.item()}: update skipped")
+                opt.zero_grad(set_to_none=True)
+                stats["skipped"] += 1
+                continue
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            stats["grad_norm"] = grad_norm.item()
+    denom = max(counted, 1)
+    stats["entropy"] /= denom
+    stats["clip_frac"] /= denom
+    stats["logp_mismatch"] /= max(counted // args.ppo_epochs, 1)
+    return stats
+
+
+# ----------------------------------------------------------------------------- metrics, plots
+
+
+def batch_metrics(records, env):
+    """Step metrics from the rollouts: reward and components, environment metrics, reply lengths."""
+    n = len(records)
+    out = {"reward": sum(r["reward"] for r in records) / n}
+    for k in records[0]["rewards"]:
+        out[f"reward_{k}"] = sum(r["rewards"][k] for r in records) / n
+    for k in records[0].get("metrics", {}):
+        if not k.startswith("n_"):
+            out[k] = sum(r["metrics"][k] for r in records) / n
+    lengths = []  # tokens of each reply: runs of mask == 1
+    for r in records:
+        run = 0
+        for m in r["mask"] + [0]:
+            if m:
+                run += 1
+            elif run:
+                lengths.append(run)
+                run = 0
+    out["reply_len"] = sum(lengths) / max(len(lengths), 1)
+    out["reply_len_max"] = max(lengths, default=0)
+    out["truncated"] = sum(r.get("truncated", 0) for r in records) / max(len(lengths), 1)
+    return out
+
+
+def plot(metrics_path, png):
+    """Training curves as a PNG, when matplotlib is installed (the run never needs it)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [json.loads(line) for line in open(metrics_path)]
+    train = [r for r in rows if "reward" in r]
+    evals = [r for r in rows if any(k.startswith("eval_") for k in r)]
+    keys = [k for k in ("reward", "win", "loss", "invalid", "format", "entropy", "reply_len", "grad_norm") if train and k in train[0]]
+    fig, axes = plt.subplots(2, (len(keys) + 2) // 2, figsize=(4 * ((len(keys) + 2) // 2), 6))
+    axes = axes.flatten()
+    for ax, k in zip(axes, keys):
+        ax.plot([r["step"] for r in train], [r[k] for r in train])
+        ax.set_title(k)
+    ax = axes[len(keys)]
+    for k in sorted({k for r in evals for k in r if k.endswith(("win_rate", "loss_rate", "reward_mean")) and k.startswith("eval_")}):
+        pts = [(r["step"], r[k]) for r in evals if k in r]
+        ax.plot(*zip(*pts), marker="o", label=k[5:])
+    ax.set_title("greedy evaluation")
+    if evals:
+        ax.legend(fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory to start from (default: the SFT output)")
+    p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
+    p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment(); num_groups defaults to batch/group")
+    p.add_argument("--batch", type=int, default=256, help="episodes per step (batch/group examples x group rollouts)")
+    p.add_argument("--group", type=int, default=8, help="rollouts per example")
+    p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (the loss uses the same)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling (1.0 keeps logprobs exact)")
+    p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
+    p.add_argument("--gen_batch", type=int, default=512, help="max episodes per generate() call")
+    p.add_argument("--steps", type=int, default=200, help="RL steps")
+    p.add_argument("--lr", type=float, default=1e-6, help="peak learning rate (full-parameter; ~1e-3 for the tiny scratch model)")
+    p.add_argument("--warmup", type=int, default=5, help="lr warm-up steps")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant", help="lr schedule after warm-up")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
+    p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")
+    p.add_argument("--loss_agg", choices=["token", "sequence"], default="token", help="token: DAPO/CISPO averaging over the batch; sequence: GRPO per-episode mean")
+    p.add_argument("--eps_low", type=float, default=None, help="lower clip 1-eps_low (grpo default 0.2; cispo: none unless set)")
+    p.add_argument("--eps_high", type=float, default=0.2, help="upper clip 1+eps_high (0.28 = DAPO clip-higher)")
+    p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the frozen initial model (0: no reference loaded)")
+    p.add_argument("--scale_rewards", choices=["none", "group"], default="none", help="group: divide advantages by the group's reward std")
+    p.add_argument("--ppo_epochs", type=int, default=1, help="passes over each batch")
+    p.add_argument("--minibatch", type=int, default=0, help="episodes per optimizer step (0: the whole batch)")
+    p.add_argument("--token_budget", type=int, default=32768, help="max padded tokens per micro-batch (gradient accumulation)")
+    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing in the transformer (less memory)")
+    p.add_argument("--out", default="out/rl", help="run directory (metrics, curves, checkpoints)")
+    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
+    p.add_argument("--eval_every", type=int, default=20, help="greedy evaluation every N steps (0: only at the end)")
+    p.add_argument("--eval_n", type=int, default=100, help="games per opponent in each evaluation")
+    p.add_argument("--save_every", type=int, default=20, help="checkpoint every N steps")
+    p.add_argument("--max_bad_steps", type=int, default=3, help="stop after this many non-finite updates in a row")
+    p.add_argument("--seed", type=int, default=0, help="random seed (examples, sampling)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    args = p.parse_args()
+    if args.batch % args.group:
+        raise SystemExit(f"--batch {args.batch} must be a multiple of --group {args.group}")
+
+    # ---- setup
+    t_start = time.time()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    os.makedirs(args.out, exist_ok=True)
+    metrics_path = os.path.join(args.out, "metrics.jsonl")
+    state_path = os.path.join(args.out, "trainer_state.pt")
+    resume = args.resume and os.path.exists(state_path)
+    if args.resume and not resume:
+        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
+
+    # ---- environment: consecutive examples are balanced when num_groups = examples per step
+    env_args = json.loads(args.env_args or "{}")
+    n_examples = args.batch // args.group
+    import importlib
+    if "num_groups" in inspect.signature(importlib.import_module(f"env_{args.env}").load_environment).parameters:
+        env_args.setdefault("num_groups", n_examples)
+    env = load_env(args.env, env_args)
+
+    # ---- model
+    model, tokenizer = load_model(args.out if resume else args.model, device)
+    ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable()
+    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch)
+    greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+
+    # ---- optimizer (fp32 weights and state; bf16 autocast for the forward on a GPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
+    step, bad_steps = 0, 0
+    if resume:
+        ts = torch.load(state_path, weights_only=False)
+        opt.load_state_dict(ts["optimizer"])
+        step = ts["step"]
+        set_rng_state(ts["rng"])
+        if os.path.exists(metrics_path):  # drop log lines written after the checkpoint, they will be redone
+            rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= step]
+            open(metrics_path, "w").writelines(rows)
+        print(f"resumed from {args.out} at step {step}")
+    elif os.path.exists(metrics_path):
+        os.remove(metrics_path)
+
+    def run_eval(step):
+        model.eval()
+        for name, opp in (OPPONENTS.items() if hasattr(env, "opponent") else [("default", {})]):
+            eval_env = load_env(args.env, {**env_args, **opp})
+            s, recs = evaluate(eval_env, greedy, args.eval_n, seed=10_000 + args.seed, out=os.path.join(args.out, f"eval_{name}"), progress=False)
+            log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
+            print(show(recs[0]))
+
+    def save(step):
+        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state()},
+                        {"rl_args.json": vars(args)})
+        plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
+
+    # ---- loop
+    while step < args.steps:
+        t0 = time.time()
+        # 1. rollouts: the data position is a function of the step, so a resumed run sees the same examples
+        model.eval()
+        examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step)
+        tokens0 = policy.gen_tokens
+        records = rollout(env, examples, policy, group=args.group, progress=False)
+        t_gen = time.time() - t0
+        # 2. advantages: reward minus the mean of the example's group
+        rewards = torch.tensor([r["reward"] for r in records]).view(n_examples, args.group)  # (E, G)
+        adv = rewards - rewards.mean(1, keepdim=True)
+        if args.scale_rewards == "group":
+            adv = adv / (rewards.std(1, keepdim=True) + 1e-4)
+        adv = adv.flatten()  # (batch,) in the order of records
+        # 3-4. loss on the sampled tokens and the optimizer step(s)
+        lr = lr_at(step, args.lr, args.warmup, args.steps, args.schedule)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        model.train()
+        t1 = time.time()
+        stats = update(model, records, adv, args, opt, amp, ref_model)
+        t_train = time.time() - t1
+        step += 1
+        bad_steps = bad_steps + 1 if stats["skipped"] else 0
+        m = batch_metrics(records, env)
+        m.update(entropy=stats["entropy"], clip_frac=stats["clip_frac"], grad_norm=stats["grad_norm"], lr=lr,
+                 logp_mismatch=stats["logp_mismatch"], zero_adv=float((adv == 0).float().mean()),
+                 gen_tokens_per_s=(policy.gen_tokens - tokens0) / t_gen, train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
+                 step_time=time.time() - t0, skipped_updates=stats["skipped"])
+        if device.startswith("cuda"):
+            m["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        log_line(step, m, metrics_path)
+        if bad_steps >= args.max_bad_steps:
+            raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good checkpoint is in {args.out}; "
+                             "lower --lr, raise --grad_clip headroom, or check the model's dtype.")
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            run_eval(step)
+        if args.save_every and step % args.save_every == 0 and step < args.steps:
+            save(step)
+
+    # ---- final evaluation and save
+    run_eval(step)
+    save(step)
+    print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
