@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# speedrun: from nothing to a tic-tac-toe master, offline, on a laptop CPU (a GPU is used when there is one).
+#
+#   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
+#   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
+#
+# Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
+# minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
+# optimal opponent); 3. rl.py (CISPO) from the SFT model; 4. eval.py: teacher, SFT and RL model, greedy, against
+# the optimal and the random opponent, and the certificate (every opponent line); 5. OUT/report.md,
+# OUT/results.json and OUT/rl/curves.png.
+set -euo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-out/speedrun}
+TEACHER_P=${TEACHER_P:-0.3}
+if [ "${QUICK:-0}" = "1" ]; then
+  SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
+  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4"
+  N_EVAL=${N_EVAL:-8}
+else
+  SFT="--n_games 2000 --epochs 4 --batch 32 --lr 3e-3 --eval_every 0"
+  RL="--batch 128 --group 8 --steps 60 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 20 --eval_n 100"
+  N_EVAL=${N_EVAL:-200}
+fi
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+SECONDS=0
+stamp() { echo "[speedrun ${SECONDS}s] $*"; }
+
+stamp "1-2. scratch model + SFT on the minimax teacher (random-move probability $TEACHER_P)"
+python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_P" $SFT --out "$OUT/sft" | tee "$OUT/sft.log"
+T_SFT=$SECONDS
+
+stamp "3. RL from the SFT model"
+python rl.py --model "$OUT/sft" $RL --eval_every 0 --save_every 20 --out "$OUT/rl" | tee "$OUT/rl.log"
+T_RL=$((SECONDS - T_SFT))
+
+stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
+for who in teacher sft rl; do
+  if [ $who = teacher ]; then M="minimax --random_move_prob $TEACHER_P"; else M="$OUT/$who"; fi
+  for opp in optimal random; do
+    python eval.py --model $M --opponent $opp -n "$N_EVAL" --temp 0 --max_new_tokens 32 --show 0 --out "$OUT/eval/${who}_$opp" | tail -n 12
+  done
+  python eval.py --model $M --certify --temp 0 --max_new_tokens 32 --show 3 --out "$OUT/eval/${who}_certify" | tail -n 12
+done
+T_ALL=$SECONDS
+
+stamp "5. report"
+python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT" "$RL" <<'PY'
+import json, os, platform, sys
+out, t_sft, t_rl, t_all, p, sft_args, rl_args = sys.argv[1:]
+load = lambda name: json.load(open(os.path.join(out, "eval", name, "summary.json")))
+res = {w: {"optimal": load(f"{w}_optimal"), "random": load(f"{w}_random"), "certificate": load(f"{w}_certify")} for w in ("teacher", "sft", "rl")}
+res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
+import torch
+res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
+json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=2)
+name = {"teacher": f"teacher (minimax, random moves p={p})", "sft": "SFT model", "rl": "RL model"}
+rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
+for w in ("teacher", "sft", "rl"):
+    for o in ("random", "optimal"):
+        s = res[w][o]
+        rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
+cert = ["| model | lines | won | drawn | lost | optimal moves |", "|---|---|---|---|---|---|"]
+for w in ("teacher", "sft", "rl"):
+    c = res[w]["certificate"]
+    cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | {c['optimal_move_rate']:.1%} |")
+n = res["rl"]["optimal"]["n"]
+report = f"""# speedrun report
+
+Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s.
+
+## Greedy play, {n} games per opponent
+{chr(10).join(rows)}
+
+## Certificate: the greedy policy against every opponent line (moving first and second)
+{chr(10).join(cert)}
+
+## Commands
+    python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
+    python rl.py --model {out}/sft {rl_args} --eval_every 0 --save_every 20 --out {out}/rl
+    python eval.py --model MODEL --opponent optimal|random -n {n} --temp 0 --max_new_tokens 32
+    python eval.py --model MODEL --certify --temp 0 --max_new_tokens 32
+
+Training curves: {out}/rl/curves.png
+"""
+open(os.path.join(out, "report.md"), "w").write(report)
+print(report)
+PY
+stamp "done: $OUT/report.md"

@@ -1,0 +1,144 @@
+"""Shared fixtures for the rollout-engine and evaluator tests (tests/test_sample.py, tests/test_eval_api.py).
+
+Everything is offline and CPU-only: the model is a tiny random-init Llama built by `sft.build_scratch` (a BPE
+tokenizer trained on scripted tic-tac-toe transcripts, ChatML template), saved with save_pretrained and loaded
+back with `sample.load_model` -- the same code path as a hub model.
+
+Slow tests (throughput measurements) are marked `@pytest.mark.slow` and only run with `--runslow`.
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+# No network, ever: set before transformers / huggingface_hub are imported by any test module.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+for _var in ("NO_PROXY", "no_proxy"):  # the local fake API server must never be reached through a proxy
+    os.environ[_var] = ",".join(filter(None, [os.environ.get(_var, ""), "127.0.0.1", "localhost"]))
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# A Qwen3-style chat template: ChatML, except that assistant turns BEFORE the last user message are rendered
+# without their reasoning (only the text after the last '</think>', leading newlines stripped), as Qwen3's
+# template does. Re-rendering a multi-turn conversation with it therefore changes earlier turns.
+QWEN3_STYLE_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- set content = m['content'] -%}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+# Random init (std 0.02) makes the tiny model's greedy decoding degenerate: every reply is the same run of
+# newlines whatever the context, so a padding or position bug could not change a single token. Multiplying
+# every weight matrix by this factor makes the logits context-dependent (diverse replies, some ending in the
+# end-of-turn token) while keeping top-1/top-2 gaps far above float noise.
+SHARPEN = 20.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="run tests marked @pytest.mark.slow")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a slow measurement (e.g. throughput); skipped unless --runslow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ttt_env():
+    import sample
+    return sample.load_env("tictactoe")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny scratch model (vocab 300, d_model 32, 2 layers) saved with save_pretrained; returns its path."""
+    import sample
+    import sft
+    out = str(tmp_path_factory.mktemp("tiny_model"))
+    env = sample.load_env("tictactoe")
+    sft.build_scratch(out, env, vocab_size=300, d_model=32, n_layers=2, n_heads=2, n_games=200)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    """(model, tokenizer) loaded back from tiny_model_dir with sample.load_model, on CPU."""
+    import sample
+    return sample.load_model(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def sharp_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with every weight matrix multiplied by SHARPEN (see above), saved like any model."""
+    import torch
+    import sample
+    model, tok = sample.load_model(tiny_model_dir, device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(SHARPEN)
+    out = str(tmp_path_factory.mktemp("sharp_model"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sharp_model(sharp_model_dir):
+    import sample
+    return sample.load_model(sharp_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def qwen3_model_dir(tiny_model_dir, tmp_path_factory):
+    """Same weights and tokenizer as tiny_model_dir, chat template replaced by QWEN3_STYLE_TEMPLATE."""
+    import sample
+    model, tok = sample.load_model(tiny_model_dir, device="cpu")
+    tok.chat_template = QWEN3_STYLE_TEMPLATE
+    out = str(tmp_path_factory.mktemp("qwen3_style_model"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen3_model(qwen3_model_dir):
+    import sample
+    return sample.load_model(qwen3_model_dir, device="cpu")
+
+
+@pytest.fixture
+def no_template_model_dir(tiny_model_dir, tmp_path):
+    """A copy of tiny_model_dir whose tokenizer has no chat template at all."""
+    import json
+    out = tmp_path / "no_template"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    (out / "chat_template.json").unlink(missing_ok=True)
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    return str(out)

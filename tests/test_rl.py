@@ -1,0 +1,169 @@
+"""rl.py: the loss against hand computations, chunked logprobs, and a CPU smoke run with exact resume."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rl import policy_loss, token_logprobs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = torch.tensor
+
+
+def close(a, b):
+    return abs(float(a) - float(b)) < 1e-6
+
+
+# ----------------------------------------------------------------------------- the loss by hand
+
+def test_cispo_on_policy_is_reinforce():
+    logp = T([-1.0, -2.0, -0.5])
+    adv, w = T([1.0, 1.0, -2.0]), T([1 / 3] * 3)
+    loss, clipped = policy_loss(logp, logp.clone(), adv, w, "cispo")
+    # r = 1 everywhere: l = -A * logp, averaged: -(1*-1 + 1*-2 + -2*-0.5) / 3 = 2/3
+    assert close(loss, 2 / 3) and not clipped.any()
+
+
+def test_cispo_clips_weight_but_keeps_gradient():
+    logp = T([-1.0, -1.0, -1.0], requires_grad=True)
+    old = T([-1.0 - math.log(1.5), -1.0 - math.log(1.1), -1.0 + math.log(2.0)])  # r = 1.5, 1.1, 0.5
+    adv, w = T([2.0, 2.0, 2.0]), T([1.0, 1.0, 1.0])
+    loss, clipped = policy_loss(logp, old, adv, w, "cispo", eps_high=0.2)
+    # weights sg(min(r, 1.2)) = 1.2, 1.1, 0.5 (no lower clip): l = -w * A * logp = w * 2
+    assert close(loss, (1.2 + 1.1 + 0.5) * 2.0)
+    assert clipped.tolist() == [True, False, False]
+    loss.backward()
+    assert torch.allclose(logp.grad, T([-2.4, -2.2, -1.0]))  # every token keeps a gradient, -w * A
+    loss_low, clipped_low = policy_loss(logp.detach(), old, adv, w, "cispo", eps_low=0.2, eps_high=0.2)
+    assert close(loss_low, (1.2 + 1.1 + 0.8) * 2.0) and clipped_low.tolist() == [True, False, True]
+
+
+def test_cispo_boundary_is_not_clipped():
+    logp = T([0.0])
+    loss, clipped = policy_loss(logp - 1, logp - 1 - math.log(1.2), T([1.0]), T([1.0]), "cispo", eps_high=0.2)
+    assert close(loss, 1.2 * 1.0) and not clipped.any()  # r == 1 + eps_high exactly: weight 1.2, not counted as clipped
+
+
+def test_grpo_clipped_objective():
+    logp = T([0.0, 0.0, 0.0, 0.0], requires_grad=True)
+    old = -torch.log(T([1.5, 0.5, 1.5, 0.5]))  # r = 1.5, 0.5, 1.5, 0.5
+    adv = T([1.0, 1.0, -1.0, -1.0])
+    loss, clipped = policy_loss(logp, old, adv, T([0.25] * 4), "grpo", eps_high=0.2)
+    # per token -min(rA, clip(r, .8, 1.2)A): A>0,r=1.5 -> -1.2 ; A>0,r=.5 -> -.5 ; A<0,r=1.5 -> 1.5 ; A<0,r=.5 -> .8
+    assert close(loss, (-1.2 - 0.5 + 1.5 + 0.8) / 4)
+    assert clipped.tolist() == [True, False, False, True]
+    loss.backward()  # clipped tokens have no gradient; the others d(-rA)/dlogp = -rA
+    assert torch.allclose(logp.grad, T([0.0, -0.5, 1.5, 0.0]) / 4)
+
+
+def test_grpo_clip_higher_and_boundary():
+    logp = T([0.0, 0.0])
+    old = -torch.log(T([1.28, 1.25]))
+    loss, clipped = policy_loss(logp, old, T([1.0, 1.0]), T([1.0, 1.0]), "grpo", eps_low=0.2, eps_high=0.28)
+    assert close(loss, -1.28 - 1.25) and not clipped.any()
+
+
+def test_zero_advantage_group_gives_zero_loss_and_gradient():
+    rewards = T([[0.5, 0.5, 0.5, 0.5]])
+    adv = (rewards - rewards.mean(1, keepdim=True)).flatten()
+    assert torch.equal(adv, torch.zeros(4))
+    for kind in ("cispo", "grpo"):
+        logp = T([-1.0, -2.0, -3.0, -4.0], requires_grad=True)
+        loss, _ = policy_loss(logp, logp.detach() - 0.3, adv, T([0.25] * 4), kind)
+        loss.backward()
+        assert close(loss, 0.0) and torch.equal(logp.grad, torch.zeros(4))
+
+
+def test_kl_penalty_k3():
+    logp, ref = T([-1.0]), T([-1.5])
+    loss, _ = policy_loss(logp, logp, T([0.0]), T([1.0]), "cispo", ref_logp=ref, beta=0.1)
+    d = -0.5
+    assert close(loss, 0.1 * (math.exp(d) - d - 1))
+
+
+def test_sequence_vs_token_weights():
+    # two episodes: 1 token with A=1, 3 tokens with A=-1, logp = -1 everywhere, on-policy
+    logp, adv = T([-1.0] * 4), T([1.0, -1.0, -1.0, -1.0])
+    token, _ = policy_loss(logp, logp, adv, T([0.25] * 4), "cispo")
+    seq, _ = policy_loss(logp, logp, adv, T([1 / 2, 1 / 6, 1 / 6, 1 / 6]), "cispo")
+    assert close(token, (1 - 3) / 4) and close(seq, (1 - 1) / 2)
+
+
+# ----------------------------------------------------------------------------- chunked logprobs
+
+def test_token_logprobs_match_full_softmax(tiny_model_dir):
+    from sample import load_model
+    model, _ = load_model(tiny_model_dir)
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (3, 20))
+    mask = (torch.rand(3, 20) > 0.5).long()
+    mask[:, 0] = 0
+    with torch.no_grad():
+        full = torch.log_softmax(model(ids).logits.float() / 0.7, -1)[:, :-1].gather(2, ids[:, 1:, None]).squeeze(2)  # (B, T-1)
+        lp, ent = token_logprobs(model, ids, mask, 0.7, chunk=7)
+    assert torch.allclose(lp, full[mask[:, 1:].bool()], atol=1e-5)
+    assert (ent > 0).all()
+
+
+# ----------------------------------------------------------------------------- CPU smoke run and exact resume
+
+DIGITS_ENV = '''
+"""A test environment: reward = share of digits in the reply (a random model gets varied rewards)."""
+class Digits:
+    system_prompt = "Answer with digits."
+    reward_weights = {"digits": 1.0}
+    max_turns = 1
+    def examples(self, n, seed=0):
+        return [{"seed": seed * 1000 + i} for i in range(n)]
+    def reset(self, example):
+        return {"reply": "", "seed": example["seed"]}, f"Example {example['seed']}: some digits please."
+    def step(self, state, reply):
+        state["reply"] = reply
+        return None
+    def rewards(self, state):
+        r = state["reply"]
+        return {"digits": sum(c.isdigit() for c in r) / max(len(r), 1)}
+def load_environment():
+    return Digits()
+'''
+
+
+def run_rl(model, out, steps, extra=(), env_dir=None):
+    cmd = [sys.executable, "rl.py", "--model", model, "--env", "digits", "--batch", "8", "--group", "4", "--steps", str(steps),
+           "--max_new_tokens", "6", "--lr", "1e-2", "--warmup", "1", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
+           "--temp", "1.5", "--out", out, "--device", "cpu", *extra]
+    env = {**os.environ, "PYTHONPATH": env_dir, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def train_lines(out):
+    skip = ("step_time", "gen_tokens_per_s", "train_tokens_per_s")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return [{k: v for k, v in r.items() if k not in skip} for r in rows if "reward" in r]
+
+
+def test_rl_smoke_and_exact_resume(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+    (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    out = run_rl(tiny_model_dir, a, 4, env_dir=str(tmp_path))
+    assert "step 4 | reward" in out
+    rows = train_lines(a)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert any(r["grad_norm"] > 0 for r in rows), "the smoke run never produced a gradient"
+    for key in ("reward", "step", "entropy", "clip_frac", "grad_norm", "lr", "reply_len", "reply_len_max"):
+        assert key in rows[0]
+    assert os.path.exists(os.path.join(a, "model.safetensors")) and os.path.exists(os.path.join(a, "trainer_state.pt"))
+    run_rl(tiny_model_dir, b, 2, env_dir=str(tmp_path))  # "interrupted" after 2 steps ...
+    run_rl(tiny_model_dir, b, 4, ["--resume"], env_dir=str(tmp_path))  # ... and resumed
+    assert train_lines(b) == rows
+    wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(a) is not None

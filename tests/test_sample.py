@@ -1,0 +1,444 @@
+"""Tests for sample.py, the rollout engine: exact token trajectories, logprobs, chat-template handling,
+batching, the rollout loop, loaders and the CLI.
+
+CPU only, offline: the model is the tiny scratch model of conftest.py (a few tens of thousands of parameters).
+The `sharp_model` fixture is the same model with its weight matrices scaled up so that greedy decoding depends
+on the context (see conftest.SHARPEN); tests of "same tokens" properties use it.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import sample  # noqa: E402
+from sample import ChatTokens, HFPolicy, ScriptedPolicy, advance, new_episode, rollout  # noqa: E402
+
+TIE = 1e-3  # logit gap under which two tokens count as tied (float noise may pick either)
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@torch.no_grad()
+def replay_logits(model, ids):
+    """Logits (T, V) of one unpadded forward pass over a whole trajectory."""
+    return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def mask_runs(mask, value=1):
+    """[(start, end)] of the maximal runs of `value` in mask."""
+    runs, start = [], None
+    for i, m in enumerate(list(mask) + [None]):
+        if m == value and start is None:
+            start = i
+        elif m != value and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def check_layout(rec, chat, tok, max_new_tokens):
+    """Rebuild the trajectory from the messages and the sampled segments and compare token for token:
+    ids = prompt + for each turn (sampled reply [+ eot, mask 0, when cut off] + the next user turn's tokens)."""
+    ids, mask, lps = rec["ids"], rec["mask"], rec["logprobs"]
+    assert len(ids) == len(mask) == len(lps)
+    assert set(mask) <= {0, 1}
+    msgs = rec["messages"]
+    assert [m["role"] for m in msgs[:2]] == ["system", "user"]
+    assistant_idx = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    runs = mask_runs(mask)
+    assert len(runs) == len(assistant_idx), "one sampled segment per assistant turn"
+    prompt = chat.prompt_ids(msgs[:2])
+    assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)]), "the prompt is the template's rendering, mask 0"
+    expected, cut = list(prompt), 0
+    for (s, e), mi in zip(runs, assistant_idx):
+        seg = ids[s:e]
+        assert len(seg) <= max_new_tokens
+        assert all(t not in chat.stop_ids for t in seg[:-1]), "a segment stops at its first stop token"
+        if seg[-1] == chat.eot_id:
+            reply_toks = seg[:-1]
+            expected += seg
+        else:  # cut by max_new_tokens: the turn is closed by an eot the model did not sample (mask 0)
+            assert len(seg) == max_new_tokens
+            assert ids[e] == chat.eot_id and mask[e] == 0
+            reply_toks = seg
+            expected += seg + [chat.eot_id]
+            cut += 1
+        assert tok.decode(reply_toks, skip_special_tokens=True) == msgs[mi]["content"], "reply text = decoded segment"
+        if mi + 1 < len(msgs):
+            assert msgs[mi + 1]["role"] == "user"
+            expected += chat.user_turn_ids(msgs[mi + 1]["content"])
+    assert ids == expected, "trajectory differs from prompt + segments + user turns"
+    assert rec["truncated"] == cut
+    assert all(lp == 0.0 for lp, m in zip(lps, mask) if m == 0), "logprobs are 0 off the sampled tokens"
+    return runs, cut
+
+
+def legal_reply_from_text(text, tag="secret reasoning"):
+    """A well-formed reply taking the lowest free cell named in the last 'Free cells:' line of `text`."""
+    free = re.findall(r"Free cells: ([0-9 ]+)\.", text)[-1].split()
+    turn = text.count("<|im_start|>assistant")
+    return f"<think>{tag} {turn}</think><move>{free[0]}</move>"
+
+
+class _Force:
+    """Logits processor that makes row b emit targets[b] (then leaves the scores alone)."""
+
+    def __init__(self, width, targets):
+        self.width, self.targets = width, targets
+
+    def __call__(self, input_ids, scores):
+        k = input_ids.shape[1] - self.width
+        scores = scores.clone()
+        for b, t in enumerate(self.targets):
+            if k < len(t):
+                scores[b] = float("-inf")
+                scores[b, t[k]] = 0.0
+        return scores
+
+
+def force_replies(monkeypatch, policy, reply_fn):
+    """Wrap policy.model.generate so every row emits tokenizer(reply_fn(context)) + eot. The policy's own
+    processors (the logprob recorder) run first and see the model's real logits; only the choice is forced."""
+    model, tok, eot = policy.model, policy.tokenizer, policy.chat.eot_id
+    original = model.generate
+
+    def generate(input_ids, attention_mask, logits_processor, **kw):
+        targets = []
+        for row, att in zip(input_ids, attention_mask):
+            text = tok.decode(row[att.bool()].tolist())
+            targets.append(tok(reply_fn(text), add_special_tokens=False).input_ids + [eot])
+        procs = list(logits_processor) + [_Force(input_ids.shape[1], targets)]
+        return original(input_ids=input_ids, attention_mask=attention_mask, logits_processor=procs, **kw)
+    monkeypatch.setattr(model, "generate", generate)
+
+
+# ----------------------------------------------------------------------------- token exactness and logprobs
+
+
+def test_greedy_trajectory_is_token_exact(sharp_model, ttt_env):
+    model, tok = sharp_model
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=0.0, max_new_tokens=16)
+    recs = rollout(ttt_env, ttt_env.examples(4, seed=3), policy, progress=False)
+    assert len(recs) == 4
+    stopped = cut_total = sampled = 0
+    for rec in recs:
+        runs, cut = check_layout(rec, policy.chat, tok, 16)
+        stopped += len(runs) - cut
+        cut_total += cut
+        ids, mask = rec["ids"], rec["mask"]
+        logits = replay_logits(model, ids)
+        logp = torch.log_softmax(logits, -1)
+        for t in range(1, len(ids)):
+            if mask[t]:
+                sampled += 1
+                pred = int(logits[t - 1].argmax())
+                gap = float(logits[t - 1, pred] - logits[t - 1, ids[t]])
+                assert pred == ids[t] or gap < TIE, f"position {t}: greedy token {ids[t]} but replay argmax {pred} (gap {gap:.3g})"
+                # greedy records logprobs under temperature 1
+                assert abs(rec["logprobs"][t] - float(logp[t - 1, ids[t]])) < 1e-4
+    assert sampled > 0 and policy.gen_tokens == sampled
+    # both endings occur, so both branches of check_layout were exercised
+    assert stopped > 0 and cut_total > 0, (stopped, cut_total)
+
+
+def test_sampled_logprobs_match_replay_at_temperature(sharp_model, ttt_env):
+    model, tok = sharp_model
+    torch.manual_seed(0)
+    temp = 1.3
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=temp, max_new_tokens=16)
+    recs = rollout(ttt_env, ttt_env.examples(3, seed=5), policy, progress=False)
+    n = 0
+    for rec in recs:
+        check_layout(rec, policy.chat, tok, 16)
+        logits = replay_logits(model, rec["ids"])
+        want = torch.log_softmax(logits / temp, -1)
+        untempered = torch.log_softmax(logits, -1)
+        pos = [t for t, m in enumerate(rec["mask"]) if m]
+        got = torch.tensor([rec["logprobs"][t] for t in pos])
+        ref = want[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])]
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+        # and the temperature matters here: the untempered logprobs are clearly different
+        ref1 = untempered[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])]
+        assert (got - ref1).abs().max() > 1e-2
+        n += len(pos)
+    assert n > 20
+
+
+# ----------------------------------------------------------------------------- chat templates that rewrite past turns
+
+
+def _think_game(env, seed=0):
+    """A finished tic-tac-toe conversation whose every reply carries a <think> block."""
+    ep = new_episode(env, env.examples(1, seed)[0])
+    k = 0
+    while True:
+        k += 1
+        free = [i for i, c in enumerate(ep["state"]["board"]) if c == "."]
+        if advance(env, ep, f"<think>secret reasoning {k}</think><move>{free[0]}</move>"):
+            return ep["messages"], k
+
+
+def test_qwen3_style_fixture_is_chatml_but_drops_old_think(qwen3_model, tiny_model):
+    _, qtok = qwen3_model
+    _, tok = tiny_model
+    plain = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
+             {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"}]
+    for gen in (False, True):
+        assert qtok.apply_chat_template(plain, tokenize=False, add_generation_prompt=gen) == \
+            tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=gen)
+    thinking = plain[:2] + [{"role": "assistant", "content": "<think>old</think>A1"}] + plain[3:] + \
+        [{"role": "assistant", "content": "<think>new</think>A2"}]
+    text = qtok.apply_chat_template(thinking, tokenize=False)
+    assert "old" not in text and "A1" in text and "<think>new</think>A2" in text
+
+
+def test_encode_conversation_keeps_think_that_template_drops(qwen3_model, ttt_env):
+    _, tok = qwen3_model
+    chat = ChatTokens(tok, ttt_env.system_prompt)
+    assert chat.eot_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.decode(chat.user_turn_ids("hello")) == "\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    messages, turns = _think_game(ttt_env, seed=1)
+    assert turns >= 3
+    ids, mask = chat.encode_conversation(messages)
+    assert len(ids) == len(mask)
+    text = tok.decode(ids)
+    for k in range(1, turns + 1):
+        assert f"<think>secret reasoning {k}</think>" in text
+    # the trained-on tokens are exactly each reply + its end-of-turn token
+    for (s, e), m in zip(mask_runs(mask), [m for m in messages if m["role"] == "assistant"]):
+        assert ids[e - 1] == chat.eot_id and tok.decode(ids[s:e - 1]) == m["content"]
+    # the template's own rendering drops every earlier <think> block (only the last reply keeps it) ...
+    rendered = tok.apply_chat_template(messages, tokenize=False)
+    assert rendered.count("secret reasoning") == 1 and f"secret reasoning {turns}" in rendered
+    rendered_ids = tok(rendered, add_special_tokens=False).input_ids
+    assert rendered_ids != ids and len(rendered_ids) < len(ids)
+    # ... so re-rendering the conversation at turn 2 would NOT extend the tokens the model produced at turn 1
+    # (the drift the rollout engine avoids by appending user turns instead of re-rendering)
+    turn2 = tok(tok.apply_chat_template(messages[:4], tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False).input_ids
+    assert ids[:len(turn2)] != turn2
+    assert "secret reasoning 1" not in tok.decode(turn2)
+
+
+def test_hf_rollout_with_think_replies_keeps_trajectory(qwen3_model, ttt_env, monkeypatch):
+    """A real HFPolicy rollout (Qwen3-style template) whose replies are forced to carry <think> blocks."""
+    model, tok = qwen3_model
+    torch.manual_seed(0)
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=1.0, max_new_tokens=64)
+    force_replies(monkeypatch, policy, legal_reply_from_text)
+    recs = rollout(ttt_env, ttt_env.examples(4, seed=2), policy, progress=False)
+    for rec in recs:
+        replies = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
+        assert len(replies) >= 3
+        assert rec["metrics"]["format"] == 1.0 and rec["metrics"]["invalid"] == 0.0
+        check_layout(rec, policy.chat, tok, 64)
+        assert rec["truncated"] == 0
+        # the trajectory is the no-re-render encoding of the conversation, and keeps every think block
+        ids, mask = policy.chat.encode_conversation(rec["messages"])
+        assert rec["ids"] == ids and rec["mask"] == mask
+        text = tok.decode(rec["ids"])
+        for k, r in enumerate(replies, 1):
+            assert r.startswith(f"<think>secret reasoning {k}</think><move>")
+            assert r in text
+        rendered = tok.apply_chat_template(rec["messages"], tokenize=False)
+        assert rendered.count("secret reasoning") == 1
+        # recorded logprobs are the model's own (temp 1) logprobs of the forced tokens, not the forced 0
+        logp = torch.log_softmax(replay_logits(model, rec["ids"]), -1)
+        pos = [t for t, m in enumerate(rec["mask"]) if m]
+        got = torch.tensor([rec["logprobs"][t] for t in pos])
+        torch.testing.assert_close(got, logp[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])],
+                                   atol=1e-4, rtol=0)
+        assert got.max() < -0.01
+
+
+def test_hf_rollout_qwen3_template_sampled(qwen3_model, ttt_env):
+    """Unforced sampling with the Qwen3-style template: decoded segments are the replies, in order, and the
+    tokens between turns are exactly ChatTokens.user_turn_ids(next user message)."""
+    model, tok = qwen3_model
+    torch.manual_seed(1)
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=1.0, max_new_tokens=16)
+    recs = rollout(ttt_env, ttt_env.examples(4, seed=4), policy, progress=False)
+    for rec in recs:
+        check_layout(rec, policy.chat, tok, 16)
+        text = tok.decode(rec["ids"], skip_special_tokens=True)
+        pos = 0
+        for m in rec["messages"][1:]:
+            if m["role"] == "assistant":
+                found = text.find(m["content"], pos)
+                assert found >= 0, "every reply appears in the decoded trajectory, in order"
+                pos = found + len(m["content"])
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def test_batched_generation_equals_one_at_a_time(sharp_model, ttt_env):
+    model, tok = sharp_model
+    examples = ttt_env.examples(8, seed=7)
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=0.0, max_new_tokens=12)
+    batched = rollout(ttt_env, examples, policy, progress=False)
+    chunked = rollout(ttt_env, examples, HFPolicy(model, tok, ttt_env.system_prompt, temp=0.0, max_new_tokens=12,
+                                                  batch_size=3), progress=False)
+    # the prompts have different lengths, so the batch really was left-padded
+    assert len({len(policy.chat.prompt_ids(new_episode(ttt_env, ex)["messages"])) for ex in examples}) > 1
+    distinct = set()
+    for i, ex in enumerate(examples):
+        alone = rollout(ttt_env, [ex], policy, start_index=i, progress=False)[0]
+        for other in (batched[i], chunked[i]):
+            assert other["index"] == alone["index"] == i
+            if other["ids"] != alone["ids"]:
+                t = next(j for j, (a, b) in enumerate(zip(alone["ids"], other["ids"])) if a != b)
+                logits = replay_logits(model, alone["ids"][:t])[-1]
+                gap = abs(float(logits[alone["ids"][t]] - logits[other["ids"][t]]))
+                assert gap < TIE, f"example {i}: batched run diverges at token {t} (logit gap {gap:.3g}, not a tie)"
+            else:
+                assert other["mask"] == alone["mask"]
+                torch.testing.assert_close(torch.tensor(other["logprobs"]), torch.tensor(alone["logprobs"]), atol=1e-4, rtol=0)
+        distinct.add(tuple(alone["ids"]))
+    assert len(distinct) == len(examples), "the model's replies depend on the game (otherwise this proves nothing)"
+
+
+# ----------------------------------------------------------------------------- the rollout loop
+
+
+def test_rollout_groups_order_and_scripted_records(ttt_env):
+    examples = ttt_env.examples(4, seed=11)
+    done = []
+    policy = ScriptedPolicy(ttt_env, "minimax")
+    recs = rollout(ttt_env, examples, policy, group=3, start_index=5, on_done=done.append, progress=False)
+    assert [(r["index"], r["rollout"]) for r in recs] == [(5 + i, r) for i in range(4) for r in range(3)]
+    assert sorted(id(r) for r in done) == sorted(id(r) for r in recs), "on_done sees every record once"
+    for r in recs:
+        ex = examples[r["index"] - 5]
+        assert r["example"] == ex and r["example"]["seed"] == ex["seed"]
+        assert "ids" not in r and "mask" not in r and "logprobs" not in r
+        assert r["metrics"]["loss"] == 0.0 and r["metrics"]["format"] == 1.0
+        assert r["reward"] == pytest.approx(sample.total_reward(ttt_env, r["rewards"]))
+    # scripted players and the opponent are seeded by (example seed, board): a group replays one game
+    for i in range(4):
+        group = [r["messages"] for r in recs if r["index"] == 5 + i]
+        assert group[0] == group[1] == group[2]
+    assert len({json.dumps(r["messages"]) for r in recs}) > 1
+    # skip leaves out exactly the pairs named
+    recs2 = rollout(ttt_env, examples, policy, group=3, start_index=5, skip={(6, 1), (8, 0)}, progress=False)
+    assert [(r["index"], r["rollout"]) for r in recs2] == [k for k in ((5 + i, r) for i in range(4) for r in range(3))
+                                                           if k not in {(6, 1), (8, 0)}]
+
+
+def test_rollout_group_sampled_share_example(tiny_model, ttt_env):
+    model, tok = tiny_model
+    torch.manual_seed(3)
+    examples = ttt_env.examples(2, seed=13)
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=1.0, max_new_tokens=8)
+    recs = rollout(ttt_env, examples, policy, group=3, progress=False)
+    assert [(r["index"], r["rollout"]) for r in recs] == [(i, r) for i in range(2) for r in range(3)]
+    for i in range(2):
+        group = [r for r in recs if r["index"] == i]
+        assert all(r["example"] == examples[i] for r in group)
+        assert len({r["messages"][1]["content"] for r in group}) == 1, "same example, same first position"
+        assert len({tuple(r["ids"]) for r in group}) == 3, "independent samples"
+        for r in group:
+            check_layout(r, policy.chat, tok, 8)
+
+
+# ----------------------------------------------------------------------------- loaders
+
+
+def test_load_env_errors():
+    env = sample.load_env("tictactoe", '{"max_random_move_prob": 0.5}')
+    assert env.hi == 0.5
+    assert sample.load_env("tictactoe", "").hi == 1.0
+    with pytest.raises(SystemExit, match=r"no environment 'nope'.*found: .*tictactoe"):
+        sample.load_env("nope")
+    with pytest.raises(SystemExit, match="not valid JSON"):
+        sample.load_env("tictactoe", "{max_random_move_prob: 0.5")
+    with pytest.raises(SystemExit) as e:
+        sample.load_env("tictactoe", {"bogus_key": 1})
+    msg = str(e.value)
+    assert "bogus_key" in msg and "min_random_move_prob" in msg and "max_turns" in msg
+    with pytest.raises(SystemExit, match="max_random_move_prob"):
+        sample.load_env("tictactoe", {"max_random_move_prob": 2.0})
+
+
+def test_load_model_errors(tmp_path, no_template_model_dir):
+    missing = str(tmp_path / "no_such_model")
+    with pytest.raises(SystemExit) as e:
+        sample.load_model(missing, device="cpu")
+    assert missing in str(e.value) and "could not load model" in str(e.value)
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    with pytest.raises(SystemExit) as e:
+        sample.load_model(str(empty), device="cpu")
+    assert str(empty) in str(e.value) and "not a complete save_pretrained model" in str(e.value)
+    with pytest.raises(SystemExit, match="no chat template"):
+        sample.load_model(no_template_model_dir, device="cpu")
+
+
+def test_make_policy_kinds(tiny_model_dir, ttt_env):
+    assert isinstance(sample.make_policy("minimax", ttt_env), ScriptedPolicy)
+    assert isinstance(sample.make_policy("random", ttt_env), ScriptedPolicy)
+    p = sample.make_policy(tiny_model_dir, ttt_env, device="cpu", temp=0.5, max_new_tokens=7)
+    assert isinstance(p, HFPolicy) and p.temp == 0.5 and p.max_new_tokens == 7
+    api = sample.make_policy("some-model", ttt_env, api_base="http://127.0.0.1:9/v1")
+    assert isinstance(api, sample.APIPolicy) and api.model == "some-model"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _run(args, timeout=120):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+BOARD_ROW = re.compile(r"^\s*[0-9XO]\|[0-9XO]\|[0-9XO]$", re.M)
+
+
+def test_cli_sample_hf_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "recs.jsonl"
+    p = _run(["sample.py", "--model", tiny_model_dir, "--env", "tictactoe", "-n", "2", "--max_new_tokens", "8",
+              "--device", "cpu", "--out", str(out)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "=== example 0 rollout 0" in p.stdout and "=== example 1 rollout 0" in p.stdout
+    assert len(BOARD_ROW.findall(p.stdout)) >= 6
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2 and all(len(json.loads(l)["ids"]) > 0 for l in lines)
+
+
+def test_cli_sample_scripted():
+    p = _run(["sample.py", "--model", "minimax", "-n", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "=== example 0 rollout 0" in p.stdout and "[model] <think>" in p.stdout
+    assert len(BOARD_ROW.findall(p.stdout)) >= 3
+
+
+# ----------------------------------------------------------------------------- throughput (measurement only)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [64, 256])
+def test_throughput(tiny_model, ttt_env, batch, capsys):
+    model, tok = tiny_model
+    torch.manual_seed(0)
+    policy = HFPolicy(model, tok, ttt_env.system_prompt, temp=1.0, max_new_tokens=32, batch_size=batch)
+    examples = ttt_env.examples(batch, seed=0)
+    policy([new_episode(ttt_env, ex) for ex in examples[:4]])  # warm-up
+    policy.gen_tokens = 0
+    episodes = [new_episode(ttt_env, ex) for ex in examples]
+    t0 = time.perf_counter()
+    replies = policy(episodes)
+    dt = time.perf_counter() - t0
+    assert len(replies) == batch and policy.gen_tokens > 0
+    with capsys.disabled():
+        print(f"\n[throughput] tiny model, batch {batch}: {policy.gen_tokens} tokens in {dt:.2f}s = "
+              f"{policy.gen_tokens / dt:.0f} generated tokens/s (threads {torch.get_num_threads()})")

@@ -1,0 +1,84 @@
+"""sft.py: the assistant-only loss mask, bad input, a scratch smoke run, and exact resume."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import env_tictactoe
+from sample import ChatTokens, load_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sft(*args, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "sft.py", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_loss_mask_covers_exactly_the_assistant_turns(tiny_model_dir):
+    _, tok = load_model(tiny_model_dir)
+    env = env_tictactoe.load_environment()
+    chat = ChatTokens(tok, env.system_prompt)
+    replies = ["<think>centre</think><move>4</move>", "<think>block</think><move>2</move>", "no tag at all"]
+    msgs = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": "New game.\n0|1|2"}]
+    for i, r in enumerate(replies):
+        msgs += [{"role": "assistant", "content": r}, {"role": "user", "content": f"turn {i} board"}]
+    msgs = msgs[:-1]  # the conversation ends with the model's reply
+    ids, mask = chat.encode_conversation(msgs)
+    assert len(ids) == len(mask)
+    runs, cur = [], []  # maximal runs of trained tokens
+    for t, m in zip(ids + [None], mask + [0]):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    assert [tok.decode(r[:-1]) for r in runs] == replies
+    assert all(r[-1] == chat.eot_id for r in runs)  # the end-of-turn token is learned too
+    untrained = tok.decode([t for t, m in zip(ids, mask) if not m])
+    assert env.system_prompt in untrained and "turn 0 board" in untrained and "turn 1 board" in untrained
+    assert "<move>4</move>" not in untrained
+    # the layout is the template's own rendering where the template is prefix-stable (ChatML)
+    assert tok.decode(ids) == tok.apply_chat_template(msgs, tokenize=False)
+
+
+def test_bad_data_and_bad_model(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}\nnot json\n')
+    res = sft("--data", str(bad), "--out", str(tmp_path / "o"))
+    assert res.returncode != 0 and "bad.jsonl:2" in res.stderr
+    res = sft("--model", str(tmp_path / "missing_model"), "--n_games", "4", "--out", str(tmp_path / "o2"))
+    assert res.returncode != 0 and "could not load model" in res.stderr
+    assert os.path.exists(tmp_path / "o2" / "teacher_games.jsonl")  # games already played are kept
+    res = sft("--teacher", "random", "--keep", "won", "--n_games", "0", "--out", str(tmp_path / "o3"))
+    assert res.returncode != 0 and "no conversations left" in res.stderr
+
+
+SMALL = ["--vocab_size", "300", "--d_model", "32", "--n_layers", "2", "--n_heads", "2", "--n_games", "24",
+         "--batch", "8", "--lr", "3e-3", "--warmup", "1", "--eval_n", "2", "--device", "cpu"]
+
+
+def test_scratch_smoke_and_exact_resume(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    res = sft(*SMALL, "--max_steps", "4", "--eval_every", "0", "--save_every", "2", "--schedule", "constant", "--out", a)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "step 4 | loss" in res.stdout and "games played" in res.stdout
+    model = AutoModelForCausalLM.from_pretrained(a)  # a plain transformers load
+    assert model.config.model_type == "llama"
+    results = json.load(open(os.path.join(a, "sft_results.json")))
+    assert results["step"] == 4 and "optimal" in results["eval"] and results["eval"]["random"]["n"] == 2
+    assert json.load(open(os.path.join(a, "sft_args.json")))["max_steps"] == 4
+    res = subprocess.run([sys.executable, "eval.py", "--model", a, "--opponent", "random", "-n", "2", "--max_new_tokens", "8"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "win_rate" in res.stdout, res.stderr[-2000:]
+    # interrupted after 2 steps (same data: the scratch build and the teacher games are seeded), then resumed
+    assert sft(*SMALL, "--max_steps", "2", "--eval_every", "0", "--schedule", "constant", "--out", b).returncode == 0
+    res = sft(*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume")
+    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-2000:]
+    wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
