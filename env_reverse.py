@@ -6,9 +6,9 @@ Reverse-text environment (single turn): answer a paragraph's character-by-charac
 
 Reward: difflib.SequenceMatcher(None, answer, target).ratio() where the answer is the content of the LAST
 <reversed_text>...</reversed_text> pair (0.0 with no such pair). An answer longer than twice the target
-is matched on its first 2*len(target) characters only, but its full length still counts in the ratio's
-denominator (2*matches / (len(answer) + len(target))), so scoring a multi-MB reply stays cheap and a long
-answer can never score better than it would in full. Texts come from `data_path` (a .txt file with one
+is matched on its first 2*len(target) characters only, while its full length still counts in the ratio's
+denominator (2*matches / (len(answer) + len(target))): scoring a multi-MB reply stays cheap, and an answer
+over twice the target's length scores at most 2/3. Texts come from `data_path` (a .txt file with one
 paragraph per non-empty line, or a .jsonl file with a "text" field) or, by default, are generated offline
 from a built-in vocabulary. Pure Python: no torch here.
 """
@@ -16,7 +16,6 @@ import difflib
 import json
 import os
 import random
-import re
 
 WORDS = """time year people way day man thing woman life child world school state family student group country
 problem hand part place case week company system program question work government number night point home water
@@ -33,13 +32,13 @@ Put your answer inside <reversed_text>...</reversed_text>, for example:
 input: abc de
 <reversed_text>ed cba</reversed_text>"""
 
-ANSWER_RE = re.compile(r"<reversed_text>(.*?)</reversed_text>", re.DOTALL)
 
 
 def parse_answer(reply):
     """Content of the last <reversed_text> pair, or None."""
-    found = ANSWER_RE.findall(reply)
-    return found[-1].strip() if found else None
+    end = reply.rfind("</reversed_text>")  # rfind, not a regex: linear time on any reply
+    start = reply.rfind("<reversed_text>", 0, end) if end >= 0 else -1
+    return reply[start + len("<reversed_text>"):end].strip() if start >= 0 else None
 
 
 def similarity(answer, target):
@@ -57,13 +56,15 @@ def read_texts(path):
     if not os.path.exists(path):
         raise FileNotFoundError(f"data_path={path!r} does not exist: give a .txt (one paragraph per line) or .jsonl file")
     with open(path, encoding="utf-8") as f:
-        if path.endswith(".jsonl"):
+        if path.lower().endswith(".jsonl"):
             texts = []
             for i, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        texts.append(str(json.loads(line)["text"]))
-                    except (ValueError, KeyError, TypeError) as e:
+                        text = json.loads(line)["text"]
+                        assert isinstance(text, str)
+                        texts.append(text.strip())
+                    except (ValueError, KeyError, TypeError, AssertionError) as e:
                         raise ValueError(f"{path}:{i}: expected a JSON object with a 'text' field ({e})") from None
         else:
             texts = [line.strip() for line in f if line.strip()]

@@ -11,9 +11,9 @@ memorised, not beaten). Every opponent decision comes from an RNG seeded by (exa
 rollouts of one example that reach the same position see the same reply, in any process.
 
 Replies are untrusted text; their outcomes (see `parse_move`):
-  - the move is the content of the ONLY <move>...</move> pair, stripped of whitespace, and must be one of
-    the digits 0-8 naming a free cell; no tag, several tags, a non-integer ("4.0", "four"), a number
-    outside 0-8 ("-1", "9") or an occupied cell is an invalid move: the board stays, the model is told
+  - the move is the content of the ONLY <move>...</move> pair, stripped of whitespace, and must be exactly
+    one ASCII digit 0-8 naming a free cell; no tag, several <move> tags, a non-integer ("4.0", "four"), any
+    other integer ("-1", "9", "04", "-0") or an occupied cell is an invalid move: the board stays, the model is told
     why, the turn is used up and the game goes on;
   - a reply is well-formed (format reward) when it is exactly <think>...</think> then <move>N</move>,
     whitespace aside, with no tags nested inside the think block.
@@ -117,7 +117,7 @@ def render(board):
 # ----------------------------------------------------------------------------- parsing untrusted replies
 
 MOVE_RE = re.compile(r"<move>(.*?)</move>", re.DOTALL)
-FORMAT_RE = re.compile(r"\s*<think>(?:(?!</?think>|</?move>).)*</think>\s*<move>\s*[0-9]+\s*</move>\s*", re.DOTALL)
+FORMAT_RE = re.compile(r"\s*<think>(?:(?!</?think>|</?move>).)*</think>\s*<move>\s*-?[0-9]+\s*</move>\s*", re.DOTALL)
 
 
 def is_well_formed(reply):
@@ -126,17 +126,17 @@ def is_well_formed(reply):
 
 def parse_move(reply, board):
     """(cell, None) for a legal move, else (None, reason) — never raises, whatever the reply."""
+    if reply.count("<move>") > 1:  # checked first: findall over many unclosed tags would be quadratic
+        return None, "more than one <move> tag"
     found = MOVE_RE.findall(reply)
     if not found:
         return None, "no <move>...</move> tag"
-    if len(found) > 1 or reply.count("<move>") > 1:
-        return None, "more than one <move> tag"
     text = found[0].strip()
-    if not re.fullmatch(r"-?[0-9]{1,6}", text):
+    if not re.fullmatch(r"-?[0-9]+", text, re.ASCII):
         return None, "the move is not a whole number"
+    if not re.fullmatch(r"[0-8]", text):
+        return None, f"cell {text[:12]} is not between 0 and 8"
     cell = int(text)
-    if not 0 <= cell <= 8:
-        return None, f"cell {cell} is not between 0 and 8"
     if board[cell] != ".":
         return None, f"cell {cell} is already taken"
     return cell, None
@@ -180,7 +180,7 @@ class TicTacToe:
         rows = []
         for i in range(n):
             p = self.lo + width * (i % self.num_groups + rng.random())
-            rows.append({"seed": rng.randrange(2**31), "random_move_prob": round(min(p, self.hi), 6)})
+            rows.append({"seed": rng.randrange(2**31), "random_move_prob": min(p, self.hi)})
         return rows
 
     def reset(self, example):

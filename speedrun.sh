@@ -32,7 +32,7 @@ python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_
 T_SFT=$SECONDS
 
 stamp "3. RL from the SFT model"
-python rl.py --model "$OUT/sft" $RL --eval_every 0 --save_every 20 --out "$OUT/rl" | tee "$OUT/rl.log"
+python rl.py --model "$OUT/sft" $RL --save_every 20 --out "$OUT/rl" | tee "$OUT/rl.log"
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
@@ -78,7 +78,7 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
-    python rl.py --model {out}/sft {rl_args} --eval_every 0 --save_every 20 --out {out}/rl
+    python rl.py --model {out}/sft {rl_args} --save_every 20 --out {out}/rl
     python eval.py --model MODEL --opponent optimal|random -n {n} --temp 0 --max_new_tokens 32
     python eval.py --model MODEL --certify --temp 0 --max_new_tokens 32
 

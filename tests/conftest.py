@@ -65,10 +65,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def torch_single_thread():
+    """One intra-op thread for the duration of a test: the tiny model is latency-bound, and with 2+ threads
+    on a shared 2-core machine every small matmul waits on a thread barrier (10-50x slower). Restored after."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def ttt_env():
     import sample
     return sample.load_env("tictactoe")
+
+
+@pytest.fixture(scope="session")
+def short_env():
+    """Tic-tac-toe cut off after 3 model turns: keeps trajectories of a random model (invalid moves) short."""
+    import sample
+    return sample.load_env("tictactoe", {"max_turns": 3})
 
 
 @pytest.fixture(scope="session")

@@ -258,8 +258,6 @@ def test_empty_data_file_raises(tmp_path, name, content):
         rev.load_environment(data_path=str(path))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: parse_answer strips the answer but .jsonl texts are not stripped, so a "
-                                       "text with leading/trailing whitespace can never score 1.0, even for the oracle")
 def test_oracle_scores_one_on_jsonl_text_with_surrounding_whitespace(tmp_path):
     path = tmp_path / "ws.jsonl"
     path.write_text(json.dumps({"text": "line with a newline\n"}) + "\n", encoding="utf-8")
