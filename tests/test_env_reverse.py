@@ -141,8 +141,6 @@ print(r.parse_answer("<reversed_text>" * 40_000 + "x"))  # 600 kB of unclosed op
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: parse_answer's ANSWER_RE.findall is quadratic in the number of unclosed "
-                                       "<reversed_text> tags (600 kB takes minutes); remove this marker once fixed")
 def test_many_unclosed_tags_parse_fast():
     try:
         proc = subprocess.run([sys.executable, "-c", PATHOLOGICAL_SCRIPT, str(ROOT)], capture_output=True,

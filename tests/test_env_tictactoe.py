@@ -619,8 +619,6 @@ print(t.parse_move(reply, "." * 9), t.is_well_formed(reply))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: parse_move's MOVE_RE.findall is quadratic in the number of unclosed "
-                                       "<move> tags (600 kB takes minutes); remove this marker once fixed")
 def test_many_unclosed_move_tags_parse_fast():
     try:
         proc = subprocess.run([sys.executable, "-c", PATHOLOGICAL_SCRIPT, str(ROOT)], capture_output=True,
