@@ -1,0 +1,304 @@
+"""Tests for eval.py and sample.APIPolicy against a local fake OpenAI-compatible server.
+
+The server (http.server in a thread, 127.0.0.1, a free port) answers POST /v1/chat/completions with a valid
+chat.completion that plays tic-tac-toe legally (the lowest free cell named in the last user message). Faults
+(429, 500, a slow response, a server that breaks after K requests, 401) are injected per test. Also: the
+scripted baselines and the certificate. CPU only, offline, no model.
+"""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import eval as eval_mod  # noqa: E402
+import sample  # noqa: E402
+from sample import APIPolicy, ScriptedPolicy  # noqa: E402
+
+KEY = "sk-test"
+SUMMARY_KEYS = {"n", "win_rate", "draw_rate", "loss_rate", "format_rate", "invalid_rate", "reward_mean"}
+
+# ----------------------------------------------------------------------------- the fake server
+
+
+def legal_reply(messages):
+    """<think>t</think><move>N</move> with N the lowest free cell of the last user message."""
+    last = [m["content"] for m in messages if m["role"] == "user"][-1]
+    found = re.search(r"Free cells: ([0-9 ]+)\.", last)
+    cell = found.group(1).split()[0] if found else "0"
+    return f"<think>t</think><move>{cell}</move>"
+
+
+class FakeOpenAI:
+    """A threaded OpenAI-compatible chat server. fault(req) may return None (answer), an HTTP status to fail
+    with, or ("sleep", seconds) to answer late; req has n (global request number), conv (number of the distinct
+    conversation, in order of first arrival), attempt (1 for its first request) and messages."""
+
+    def __init__(self, fault=None):
+        self.fault = fault or (lambda req: None)
+        self.lock = threading.Lock()
+        self.log = []       # every request: dict(n, conv, attempt, turn, outcome)
+        self.convs = {}     # conversation json -> [conv number, attempts]
+        self.auth = set()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, obj):
+                data = json.dumps(obj).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout) before the answer
+
+            def do_POST(self):
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    return self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                messages = body["messages"]
+                key = json.dumps(messages)
+                with server.lock:
+                    server.auth.add(self.headers.get("Authorization"))
+                    conv = server.convs.setdefault(key, [len(server.convs), 0])
+                    conv[1] += 1
+                    req = {"n": len(server.log), "conv": conv[0], "attempt": conv[1], "messages": messages,
+                           "turn": sum(m["role"] == "assistant" for m in messages) + 1, "outcome": None}
+                    server.log.append(req)
+                action = server.fault(req)
+                if isinstance(action, int):
+                    req["outcome"] = action
+                    kind = "rate_limit_error" if action == 429 else "server_error"
+                    return self._send(action, {"error": {"message": f"injected {action}", "type": kind, "code": None}})
+                if isinstance(action, tuple) and action[0] == "sleep":
+                    req["outcome"] = "slow"
+                    time.sleep(action[1])
+                else:
+                    req["outcome"] = 200
+                assert body["model"] and messages[0]["role"] == "system"
+                content = legal_reply(messages)
+                prompt_tokens = sum(len(m["content"].split()) for m in messages)
+                self._send(200, {
+                    "id": f"chatcmpl-{req['n']}", "object": "chat.completion", "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5, "total_tokens": prompt_tokens + 5}})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.base = f"http://127.0.0.1:{self.port}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def count(self, outcome=None):
+        with self.lock:
+            return sum(1 for r in self.log if outcome is None or r["outcome"] == outcome)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_api():
+    servers = []
+
+    def start(fault=None):
+        servers.append(FakeOpenAI(fault))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.close()
+
+
+@pytest.fixture
+def key_env(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+
+def random_opponent_env():
+    return sample.load_env("tictactoe", eval_mod.OPPONENTS["random"])
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def n_assistant(records):
+    return sum(m["role"] == "assistant" for r in records for m in r["messages"])
+
+
+# ----------------------------------------------------------------------------- the CLI against the fake API
+
+
+def test_eval_cli_against_fake_api(fake_api, tmp_path):
+    server = fake_api()
+    out = tmp_path / "eval_api"
+    env = {**os.environ, "OPENAI_API_KEY": KEY, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run([sys.executable, "eval.py", "--model", "fake", "--api_base", server.base, "--opponent", "random",
+                        "-n", "6", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["n"] == 6
+    assert summary["format_rate"] == 1.0 and summary["invalid_rate"] == 0.0
+    assert summary["win_rate"] + summary["draw_rate"] + summary["loss_rate"] == pytest.approx(1.0)
+    recs = read_jsonl(out / "rollouts.jsonl")
+    assert len(recs) == 6 and sorted(r["index"] for r in recs) == list(range(6))
+    # one request per model turn, each sent with the key, which is written nowhere
+    assert server.count() == server.count(200) == n_assistant(recs)
+    assert server.auth == {f"Bearer {KEY}"}
+    assert KEY not in p.stdout and KEY not in p.stderr
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert KEY not in f.read_text(errors="replace"), f"API key leaked into {f.name}"
+    assert "win_rate" in p.stdout
+
+
+# ----------------------------------------------------------------------------- retries, faults, resume
+
+
+def test_evaluate_survives_429_500_and_timeout(fake_api, tmp_path, key_env):
+    def fault(req):
+        if req["conv"] == 0 and req["attempt"] == 1:
+            return ("sleep", 1.5)  # longer than the client timeout: retried
+        if req["conv"] % 3 == 1 and req["attempt"] == 1:
+            return 429
+        if req["conv"] % 3 == 2 and req["attempt"] <= (2 if req["conv"] % 2 == 0 else 1):
+            return 500  # some conversations fail twice in a row
+        return None
+    server = fake_api(fault)
+    env = random_opponent_env()
+    policy = APIPolicy("fake", server.base, timeout=0.75, backoff=0.01, retries=6, concurrency=4)
+    summary, recs = eval_mod.evaluate(env, policy, 6, out=str(tmp_path), progress=False)
+    assert summary["n"] == 6 and len(read_jsonl(tmp_path / "rollouts.jsonl")) == 6
+    assert summary["format_rate"] == 1.0 and summary["invalid_rate"] == 0.0
+    assert server.count(429) >= 3 and server.count(500) >= 3 and server.count("slow") == 1
+    slow = next(r for r in server.log if r["outcome"] == "slow")
+    assert sum(1 for r in server.log if r["conv"] == slow["conv"]) >= 2, "the timed-out request was retried"
+    # every conversation ended with one answered request, and each answer became exactly one model turn
+    with server.lock:
+        answered = {r["conv"] for r in server.log if r["outcome"] == 200}
+        assert answered == {r["conv"] for r in server.log}
+    assert len(answered) == n_assistant(recs)
+    assert policy.gen_tokens == 5 * n_assistant(recs)
+
+
+def test_evaluate_fails_clearly_then_resumes(fake_api, tmp_path, key_env):
+    n = 8
+    env = random_opponent_env()
+    # a healthy reference run: the game is deterministic (seeded opponent, deterministic fake model)
+    ref_server = fake_api()
+    ref_summary, ref = eval_mod.evaluate(env, APIPolicy("fake", ref_server.base, backoff=0.01), n,
+                                         out=str(tmp_path / "ref"), progress=False)
+    turns = {r["index"]: r["metrics"]["n_turns"] for r in ref}
+    early = {i for i, t in turns.items() if t <= 3}
+    assert 0 < len(early) < n, f"need games both shorter and longer than 3 turns, got {turns}"
+    k = sum(min(t, 3) for t in turns.values())  # requests of the first three turns
+
+    # a server that breaks for good after k answers: turn 4 never gets through
+    broken = fake_api(lambda req: 500 if req["n"] >= k else None)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match=r"still failing after 3 attempts") as e:
+        eval_mod.evaluate(env, APIPolicy("fake", broken.base, backoff=0.01, retries=2), n, out=str(out), progress=False)
+    assert broken.base in str(e.value) and "--resume" in str(e.value)
+    assert broken.count(200) == k
+    assert not (out / "summary.json").exists()
+    kept = read_jsonl(out / "rollouts.jsonl")  # every line is valid JSON
+    assert len(kept) > 0 and {r["index"] for r in kept} == early
+    by_index = {r["index"]: r for r in ref}
+    for r in kept:
+        assert r["messages"] == by_index[r["index"]]["messages"]
+    with open(out / "rollouts.jsonl", "a") as f:  # a line cut by a crash must not survive the resume
+        f.write('{"index": 7, "rollout": 0, "messa')
+
+    healthy = fake_api()
+    summary, recs = eval_mod.evaluate(env, APIPolicy("fake", healthy.base, backoff=0.01), n, out=str(out),
+                                      resume=True, progress=False)
+    # only the unfinished games were played, from their start
+    assert healthy.count() == sum(t for i, t in turns.items() if i not in early)
+    lines = read_jsonl(out / "rollouts.jsonl")
+    assert sorted((r["index"], r["rollout"]) for r in lines) == [(i, 0) for i in range(n)]
+    assert [r["messages"] for r in recs] == [r["messages"] for r in ref]
+    for key in SUMMARY_KEYS:
+        assert summary[key] == pytest.approx(ref_summary[key])
+    assert json.loads((out / "summary.json").read_text())["n"] == n
+
+
+def test_unreachable_endpoint(tmp_path, key_env):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    env = random_opponent_env()
+    policy = APIPolicy("fake", f"http://127.0.0.1:{port}/v1", retries=1, backoff=0.01, timeout=5)
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match=r"still failing after 2 attempts.*Is the server up"):
+        eval_mod.evaluate(env, policy, 2, out=str(tmp_path), progress=False)
+    assert time.time() - t0 < 10
+    assert (tmp_path / "rollouts.jsonl").read_text() == ""
+
+
+def test_non_retryable_status_fails_at_once(fake_api, key_env):
+    server = fake_api(lambda req: 401)
+    policy = APIPolicy("fake", server.base, retries=5, backoff=0.01)
+    env = random_opponent_env()
+    ep = sample.new_episode(env, env.examples(1)[0])
+    with pytest.raises(RuntimeError, match=r"API error 401"):
+        policy([ep])
+    assert server.count() == 1, "a 401 is not retried"
+
+
+# ----------------------------------------------------------------------------- baselines and the certificate
+
+
+def _eval_main(monkeypatch, argv):
+    monkeypatch.setattr(sys, "argv", ["eval.py", *argv])
+    eval_mod.main()
+
+
+def test_scripted_baselines(monkeypatch, tmp_path, capsys):
+    _eval_main(monkeypatch, ["--model", "minimax", "--opponent", "optimal", "-n", "50", "--out", str(tmp_path / "mm")])
+    mm = json.loads((tmp_path / "mm" / "summary.json").read_text())
+    _eval_main(monkeypatch, ["--model", "random", "--opponent", "optimal", "-n", "50", "--out", str(tmp_path / "rnd")])
+    rnd = json.loads((tmp_path / "rnd" / "summary.json").read_text())
+    assert mm["n"] == rnd["n"] == 50
+    assert mm["loss_rate"] == 0.0 and mm["win_rate"] == 0.0 and mm["draw_rate"] == 1.0  # optimal vs optimal
+    assert rnd["loss_rate"] > 0.2
+    assert mm["format_rate"] == rnd["format_rate"] == 1.0
+    assert len(read_jsonl(tmp_path / "mm" / "rollouts.jsonl")) == 50
+    assert "loss_rate" in capsys.readouterr().out
+
+
+def test_certificate(monkeypatch, tmp_path, capsys):
+    _eval_main(monkeypatch, ["--model", "minimax", "--certify", "--out", str(tmp_path / "mm")])
+    mm = json.loads((tmp_path / "mm" / "summary.json").read_text())
+    assert mm["lines"] > 100 and mm["lines_lost"] == 0 and mm["mistakes"] == 0 and mm["optimal_move_rate"] == 1.0
+    assert mm["lines_won"] + mm["lines_drawn"] == mm["lines"]
+    assert (tmp_path / "mm" / "lost_lines.jsonl").read_text() == ""
+    env = sample.load_env("tictactoe")
+    rnd, mistakes = eval_mod.certify(env, ScriptedPolicy(env, "random"), out=str(tmp_path / "rnd"), progress=False)
+    assert env.opponent is None, "certify restores the seeded opponent"
+    assert rnd["lines_lost"] > 100 and len(mistakes) == rnd["mistakes"] > 0
+    assert rnd["optimal_move_rate"] < 0.9
+    lost = read_jsonl(tmp_path / "rnd" / "lost_lines.jsonl")
+    assert len(lost) == rnd["lines_lost"] and all(r["metrics"]["loss"] == 1.0 for r in lost)
+    with pytest.raises(SystemExit, match="--temp 0"):
+        _eval_main(monkeypatch, ["--model", "minimax", "--certify", "--temp", "1.0"])
