@@ -144,6 +144,10 @@ def parse_move(reply, board):
 
 # ----------------------------------------------------------------------------- the environment
 
+# The two standard evaluation settings (eval.py --opponent, and the evaluations inside sft.py and rl.py).
+EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
+                 "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
+
 SYSTEM_PROMPT = """You play tic-tac-toe as X against an opponent playing O. Three in a row (a row, column or diagonal) wins.
 Cells are numbered 0-8, row by row:
 0|1|2

@@ -14,6 +14,7 @@ cut_off) and `mean_<name>` (counts named n_<name>), plus wall_s, episodes_per_s,
 """
 import argparse
 import copy
+import importlib
 import json
 import math
 import os
@@ -24,8 +25,7 @@ import torch
 
 from sample import add_policy_args, advance, finish, load_env, new_episode, policy_from_args, rollout, show
 
-OPPONENTS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
-             "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
+from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
 
 # ----------------------------------------------------------------------------- summaries
 
@@ -81,7 +81,7 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
         old = [r for r in old if r["index"] < n and r["rollout"] < rollouts]
     skip = {(r["index"], r["rollout"]) for r in old}
     sink = open(path, "w" if not resume else "a") if path else None
-    if sink and resume and old:  # rewrite only the complete lines, so a cut line never stays in the file
+    if sink and resume:  # rewrite only the complete lines, so a cut line never stays in the file
         sink.close()
         with open(path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in old)
@@ -106,6 +106,17 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
     return summary, records
+
+
+def evaluate_standard(env_name, env_args, policy, n, seed=10_000, out=None):
+    """evaluate() under each of the environment module's EVAL_SETTINGS (env_args overrides; tic-tac-toe:
+    the optimal and the random opponent), or once with env_args as given. Returns {setting: (summary, records)}; sft.py and rl.py use it."""
+    settings = getattr(importlib.import_module(f"env_{env_name}"), "EVAL_SETTINGS", {"default": {}})
+    results = {}
+    for name, opp in settings.items():
+        env = load_env(env_name, {**env_args, **opp})
+        results[name] = evaluate(env, policy, n, seed=seed, out=os.path.join(out, f"eval_{name}") if out else None, progress=False)
+    return results
 
 
 # ----------------------------------------------------------------------------- the certificate

@@ -32,6 +32,7 @@ Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.
 installed), eval rollouts, and a checkpoint (save_pretrained + trainer_state.pt) every --save_every steps.
 """
 import argparse
+import importlib
 import inspect
 import json
 import math
@@ -42,7 +43,7 @@ import time
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from eval import OPPONENTS, evaluate
+from eval import evaluate_standard
 from sample import HFPolicy, load_env, load_model, pick_device, rollout, show
 from sft import log_line, lr_at, pad_batch, rng_state, save_checkpoint, set_rng_state, token_microbatches
 
@@ -281,7 +282,6 @@ def main():
     # ---- environment: consecutive examples are balanced when num_groups = examples per step
     env_args = json.loads(args.env_args or "{}")
     n_examples = args.batch // args.group
-    import importlib
     if "num_groups" in inspect.signature(importlib.import_module(f"env_{args.env}").load_environment).parameters:
         env_args.setdefault("num_groups", n_examples)
     env = load_env(args.env, env_args)
@@ -312,9 +312,7 @@ def main():
 
     def run_eval(step):
         model.eval()
-        for name, opp in (OPPONENTS.items() if hasattr(env, "opponent") else [("default", {})]):
-            eval_env = load_env(args.env, {**env_args, **opp})
-            s, recs = evaluate(eval_env, greedy, args.eval_n, seed=10_000 + args.seed, out=os.path.join(args.out, f"eval_{name}"), progress=False)
+        for name, (s, recs) in evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed, args.out).items():
             log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
             print(show(recs[0]))
 

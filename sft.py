@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from sample import ChatTokens, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
+from sample import ChatTokens, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -325,17 +325,14 @@ def main():
         return perm[k * args.batch:(k + 1) * args.batch]
 
     # ---- loop
-    from eval import OPPONENTS, evaluate
+    from eval import evaluate_standard
     metrics_path = os.path.join(args.out, "metrics.jsonl")
     results = {}
 
     def run_eval(step):
-        from sample import HFPolicy
         model.eval()
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64)
-        for name, opp in (OPPONENTS.items() if hasattr(env, "opponent") else [("default", {})]):
-            eval_env = load_env(args.env, {**json.loads(args.env_args), **opp})
-            s, recs = evaluate(eval_env, policy, args.eval_n, seed=12345, progress=False)
+        for name, (s, _) in evaluate_standard(args.env, json.loads(args.env_args), policy, args.eval_n).items():
             results[name] = s
             log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
         model.train()

@@ -15,7 +15,7 @@ T = torch.tensor
 
 
 def close(a, b):
-    return abs(float(a) - float(b)) < 1e-6
+    return abs(float(torch.as_tensor(a).detach()) - float(b)) < 1e-6
 
 
 # ----------------------------------------------------------------------------- the loss by hand
