@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from sample import add_policy_args, advance, finish, load_env, new_episode, policy_from_args, rollout, show
+from sample import add_policy_args, parse_env_args, advance, finish, load_env, new_episode, policy_from_args, rollout, show
 
 from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
 
@@ -205,7 +205,7 @@ def main():
     args = p.parse_args()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    env_args = json.loads(args.env_args or "{}")
+    env_args = dict(parse_env_args(args.env_args))
     if args.opponent:
         env_args.update(OPPONENTS[args.opponent])
     env = load_env(args.env, env_args)

@@ -44,7 +44,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from eval import evaluate_standard
-from sample import HFPolicy, load_env, load_model, pick_device, rollout, show
+from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, rollout, show
 from sft import log_line, lr_at, pad_batch, rng_state, save_checkpoint, set_rng_state, token_microbatches
 
 # ----------------------------------------------------------------------------- the loss
@@ -280,7 +280,7 @@ def main():
         print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
 
     # ---- environment: consecutive examples are balanced when num_groups = examples per step
-    env_args = json.loads(args.env_args or "{}")
+    env_args = dict(parse_env_args(args.env_args))
     n_examples = args.batch // args.group
     if "num_groups" in inspect.signature(importlib.import_module(f"env_{args.env}").load_environment).parameters:
         env_args.setdefault("num_groups", n_examples)

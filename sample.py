@@ -25,6 +25,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 import torch
@@ -33,13 +34,22 @@ from tqdm import tqdm
 # ----------------------------------------------------------------------------- environments
 
 
+def parse_env_args(env_args):
+    """--env_args: a JSON object string (or an already parsed dict)."""
+    if isinstance(env_args, dict):
+        return env_args
+    try:
+        parsed = json.loads(env_args) if env_args and env_args.strip() else {}
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"max_random_move_prob\": 0.5}}'")
+    if not isinstance(parsed, dict):
+        raise SystemExit(f"--env_args must be a JSON object of keyword arguments, got {env_args!r}")
+    return parsed
+
+
 def load_env(name, env_args=None):
     """Import env_NAME.py and call its load_environment(**env_args); env_args may be a JSON string."""
-    if isinstance(env_args, str):
-        try:
-            env_args = json.loads(env_args) if env_args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"max_random_move_prob\": 0.5}}'")
+    env_args = parse_env_args(env_args)
     try:
         module = importlib.import_module(f"env_{name}")
     except ModuleNotFoundError as e:
@@ -48,7 +58,7 @@ def load_env(name, env_args=None):
         found = sorted(f[4:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__))) if f.startswith("env_") and f.endswith(".py"))
         raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() (found: {', '.join(found)})")
     try:
-        return module.load_environment(**(env_args or {}))
+        return module.load_environment(**env_args)
     except TypeError as e:
         import inspect
         raise SystemExit(f"bad --env_args for {name}: {e}; it accepts {list(inspect.signature(module.load_environment).parameters)}")
@@ -232,7 +242,7 @@ class APIPolicy:
         self.client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env) or "EMPTY",
                                     max_retries=0, timeout=timeout)
         self.api_base, self.concurrency, self.retries, self.backoff = api_base, concurrency, retries, backoff
-        self.gen_tokens = 0
+        self.gen_tokens, self.lock = 0, threading.Lock()
 
     def __call__(self, episodes):
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
@@ -243,7 +253,8 @@ class APIPolicy:
             try:
                 resp = self.client.chat.completions.create(model=self.model, messages=messages, temperature=self.temp,
                                                            max_tokens=self.max_new_tokens)
-                self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
+                with self.lock:
+                    self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
                 return resp.choices[0].message.content or ""
             except (self.openai.APITimeoutError, self.openai.APIConnectionError, self.openai.APIStatusError) as e:
                 status = getattr(e, "status_code", None)

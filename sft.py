@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from sample import ChatTokens, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
+from sample import ChatTokens, parse_env_args, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -332,7 +332,7 @@ def main():
     def run_eval(step):
         model.eval()
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64)
-        for name, (s, _) in evaluate_standard(args.env, json.loads(args.env_args), policy, args.eval_n).items():
+        for name, (s, _) in evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n).items():
             results[name] = s
             log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
         model.train()

@@ -326,8 +326,6 @@ def test_certificate(monkeypatch, tmp_path, capsys):
         _eval_main(monkeypatch, ["--model", "minimax", "--certify", "--temp", "1.0"])
 
 
-@pytest.mark.xfail(strict=True, raises=json.JSONDecodeError,
-                   reason="BUG: eval.main parses --env_args with a bare json.loads, bypassing load_env's clear error")
 def test_eval_cli_bad_env_args_is_a_clear_error(monkeypatch):
     with pytest.raises(SystemExit, match="not valid JSON"):
         _eval_main(monkeypatch, ["--model", "minimax", "-n", "1", "--env_args", "{max_turns: 3"])

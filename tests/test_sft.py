@@ -22,7 +22,7 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tiny_model_dir):
     _, tok = load_model(tiny_model_dir)
     env = env_tictactoe.load_environment()
     chat = ChatTokens(tok, env.system_prompt)
-    replies = ["<think>centre</think><move>4</move>", "<think>block</think><move>2</move>", "no tag at all"]
+    replies = ["<think>zentre</think><move>4</move>", "<think>blok</think><move>2</move>", "no tag at all"]
     msgs = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": "New game.\n0|1|2"}]
     for i, r in enumerate(replies):
         msgs += [{"role": "assistant", "content": r}, {"role": "user", "content": f"turn {i} board"}]
@@ -40,9 +40,10 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tiny_model_dir):
     assert all(r[-1] == chat.eot_id for r in runs)  # the end-of-turn token is learned too
     untrained = tok.decode([t for t, m in zip(ids, mask) if not m])
     assert env.system_prompt in untrained and "turn 0 board" in untrained and "turn 1 board" in untrained
-    assert "<move>4</move>" not in untrained
+    assert "zentre" not in untrained and "blok" not in untrained and "no tag at all" not in untrained
     # the layout is the template's own rendering where the template is prefix-stable (ChatML)
-    assert tok.decode(ids) == tok.apply_chat_template(msgs, tokenize=False)
+    # (the template adds a newline after the last end-of-turn; a trajectory stops at the end-of-turn token)
+    assert tok.decode(ids) + "\n" == tok.apply_chat_template(msgs, tokenize=False)
 
 
 def test_bad_data_and_bad_model(tmp_path):
