@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from eval import evaluate_standard
 from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, rollout, show
-from sft import log_line, lr_at, pad_batch, rng_state, save_checkpoint, set_rng_state, token_microbatches
+from sft import add_train_args, log_line, lr_at, pad_batch, rng_state, save_checkpoint, start_or_resume, token_microbatches
 
 # ----------------------------------------------------------------------------- the loss
 
@@ -240,11 +240,6 @@ def main():
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
     p.add_argument("--gen_batch", type=int, default=512, help="max episodes per generate() call")
     p.add_argument("--steps", type=int, default=200, help="RL steps")
-    p.add_argument("--lr", type=float, default=1e-6, help="peak learning rate (full-parameter; ~1e-3 for the tiny scratch model)")
-    p.add_argument("--warmup", type=int, default=5, help="lr warm-up steps")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant", help="lr schedule after warm-up")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
     p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")
     p.add_argument("--loss_agg", choices=["token", "sequence"], default="token", help="token: DAPO/CISPO averaging over the batch; sequence: GRPO per-episode mean")
     p.add_argument("--eps_low", type=float, default=None, help="lower clip 1-eps_low (grpo default 0.2; cispo: none unless set)")
@@ -253,16 +248,8 @@ def main():
     p.add_argument("--scale_rewards", choices=["none", "group"], default="none", help="group: divide advantages by the group's reward std")
     p.add_argument("--ppo_epochs", type=int, default=1, help="passes over each batch")
     p.add_argument("--minibatch", type=int, default=0, help="episodes per optimizer step (0: the whole batch)")
-    p.add_argument("--token_budget", type=int, default=32768, help="max padded tokens per micro-batch (gradient accumulation)")
-    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing in the transformer (less memory)")
-    p.add_argument("--out", default="out/rl", help="run directory (metrics, curves, checkpoints)")
-    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
-    p.add_argument("--eval_every", type=int, default=20, help="greedy evaluation every N steps (0: only at the end)")
-    p.add_argument("--eval_n", type=int, default=100, help="games per opponent in each evaluation")
-    p.add_argument("--save_every", type=int, default=20, help="checkpoint every N steps")
     p.add_argument("--max_bad_steps", type=int, default=3, help="stop after this many non-finite updates in a row")
-    p.add_argument("--seed", type=int, default=0, help="random seed (examples, sampling)")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args()
     if args.batch % args.group:
         raise SystemExit(f"--batch {args.batch} must be a multiple of --group {args.group}")
@@ -297,18 +284,7 @@ def main():
 
     # ---- optimizer (fp32 weights and state; bf16 autocast for the forward on a GPU)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
-    step, bad_steps = 0, 0
-    if resume:
-        ts = torch.load(state_path, weights_only=False)
-        opt.load_state_dict(ts["optimizer"])
-        step = ts["step"]
-        set_rng_state(ts["rng"])
-        if os.path.exists(metrics_path):  # drop log lines written after the checkpoint, they will be redone
-            rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= step]
-            open(metrics_path, "w").writelines(rows)
-        print(f"resumed from {args.out} at step {step}")
-    elif os.path.exists(metrics_path):
-        os.remove(metrics_path)
+    step, bad_steps = start_or_resume(args, opt), 0
 
     def run_eval(step):
         model.eval()

@@ -80,6 +80,8 @@ def pick_device(device="auto"):
 def load_model(path, device="auto"):
     """(model, tokenizer) from a hub id or a save_pretrained directory; bf16 on a GPU, fp32 on CPU, SDPA."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
     device = pick_device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -100,6 +100,43 @@ def set_rng_state(s):
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
+def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_n, save_every):
+    """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=warmup, help="linear lr warm-up steps")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default=schedule, help="lr schedule after warm-up")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
+    p.add_argument("--token_budget", type=int, default=token_budget, help="max padded tokens per micro-batch (gradient accumulation above it)")
+    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing in the transformer (less memory, slower)")
+    p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
+    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
+    p.add_argument("--eval_every", type=int, default=eval_every, help="greedy game evaluation every N steps (0: only at the end)")
+    p.add_argument("--eval_n", type=int, default=eval_n, help="games per evaluation setting (opponent)")
+    p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    return p
+
+
+def start_or_resume(args, opt):
+    """Fresh run: clear DIR/metrics.jsonl. --resume: load optimizer, step and RNG states from DIR's checkpoint
+    and drop log lines written after it (they are redone). Returns the step to start from."""
+    state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
+    if not (args.resume and os.path.exists(state_path)):
+        if os.path.exists(metrics_path):
+            os.remove(metrics_path)
+        return 0
+    ts = torch.load(state_path, weights_only=False)
+    opt.load_state_dict(ts["optimizer"])
+    set_rng_state(ts["rng"])
+    if os.path.exists(metrics_path):
+        rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= ts["step"]]
+        open(metrics_path, "w").writelines(rows)
+    print(f"resumed from {args.out} at step {ts['step']}")
+    return ts["step"]
+
+
 def log_line(step, metrics, path=None):
     """One grep-able line per step, and the same as a JSON line in `path`."""
     parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
@@ -124,7 +161,9 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
             texts += [m["content"] for m in rec["messages"][1:]]
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # digits stand alone, so a cell is one token whether it follows a space ("cell 4"), a bar ("4|5") or a tag
+    # ("<move>4"): copying a cell number from the board to the reasoning to the move is then an identity map
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
@@ -241,22 +280,8 @@ def main():
     p.add_argument("--epochs", type=float, default=3.0, help="passes over the data (ignored when --max_steps > 0)")
     p.add_argument("--max_steps", type=int, default=0, help="optimizer steps (0: from --epochs)")
     p.add_argument("--batch", type=int, default=32, help="conversations per optimizer step")
-    p.add_argument("--token_budget", type=int, default=16384, help="max padded tokens per micro-batch (gradient accumulation above it)")
     p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (use ~1e-5 for pretrained models)")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up steps")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine", help="lr schedule after warm-up")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
-    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing (less memory, ~30%% slower)")
-    # run
-    p.add_argument("--out", default="out/sft", help="output directory (model + logs)")
-    p.add_argument("--resume", action="store_true", help="continue from DIR's last checkpoint")
-    p.add_argument("--eval_every", type=int, default=50, help="game evaluation every N steps (0: only at the end)")
-    p.add_argument("--eval_n", type=int, default=50, help="games per opponent in those evaluations")
-    p.add_argument("--save_every", type=int, default=50, help="checkpoint every N steps")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    add_train_args(p, lr=3e-3, warmup=10, schedule="cosine", token_budget=16384, out="out/sft", eval_every=50, eval_n=50, save_every=50)
     args = p.parse_args()
 
     # ---- setup
@@ -309,13 +334,7 @@ def main():
     steps_per_epoch = max(1, len(encoded) // args.batch)
     total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
-    step = 0
-    if resume:
-        ts = torch.load(state_path, weights_only=False)
-        opt.load_state_dict(ts["optimizer"])
-        step = ts["step"]
-        set_rng_state(ts["rng"])
-        print(f"resumed from {args.out} at step {step}")
+    step = start_or_resume(args, opt)
 
     def batch_indices(step):
         """The data position is a pure function of the step: epoch e is a permutation seeded by (seed, e)."""
