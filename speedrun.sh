@@ -12,14 +12,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/speedrun}
-TEACHER_P=${TEACHER_P:-0.3}
+TEACHER_P=${TEACHER_P:-0.2}
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4"
   N_EVAL=${N_EVAL:-8}
 else
-  SFT="--n_games 2000 --epochs 4 --batch 32 --lr 3e-3 --eval_every 0"
-  RL="--batch 128 --group 8 --steps 60 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 20 --eval_n 100"
+  SFT="--n_games 12000 --batch 8 --lr 2e-3 --warmup 20 --max_steps 2000 --eval_every 0 --save_every 500 --eval_n 50"
+  RL="--batch 64 --group 8 --steps 30 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 0 --eval_n 50"
   N_EVAL=${N_EVAL:-200}
 fi
 mkdir -p "$OUT"
