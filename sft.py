@@ -1,8 +1,9 @@
 """
 SFT warm-up: play teacher games, keep the good ones, train every parameter on the teacher's replies.
 
-    python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --api_base https://api.openai.com/v1 --n_games 200   # GPU
-    python sft.py --model scratch --teacher minimax --teacher_random_prob 0.3                # offline, CPU, minutes
+    python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --api_base https://api.openai.com/v1 \
+        --n_games 200 --max_steps 30 --batch 32 --lr 1e-5                                      # GPU, as in the reference
+    python sft.py --model scratch --teacher minimax --teacher_random_prob 0.2                # offline, CPU, ~8 minutes
     python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
 
 --model scratch builds a small Llama-architecture model (random init, a few million parameters) and a
@@ -262,13 +263,13 @@ def main():
     p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
     p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), an API model with --api_base, or an HF model")
-    p.add_argument("--teacher_random_prob", type=float, default=0.3, help="scripted minimax teacher: its random-move probability")
+    p.add_argument("--teacher_random_prob", type=float, default=0.2, help="scripted minimax teacher: its random-move probability")
     p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
     p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL for an API teacher")
     p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
     p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
-    p.add_argument("--n_games", type=int, default=1000, help="teacher games to play")
+    p.add_argument("--n_games", type=int, default=12000, help="teacher games to play (scripted teachers are free; ~200 for an API teacher)")
     p.add_argument("--keep", default="not_lost", help="filter: not_lost (and well-formed), won, all, or reward>=X")
     p.add_argument("--data", default=None, help="train on this JSONL of {'messages': [...]} instead of playing teacher games")
     # scratch model
@@ -277,11 +278,11 @@ def main():
     p.add_argument("--n_layers", type=int, default=4, help="scratch: transformer layers")
     p.add_argument("--n_heads", type=int, default=4, help="scratch: attention heads")
     # optimization
-    p.add_argument("--epochs", type=float, default=3.0, help="passes over the data (ignored when --max_steps > 0)")
-    p.add_argument("--max_steps", type=int, default=0, help="optimizer steps (0: from --epochs)")
-    p.add_argument("--batch", type=int, default=32, help="conversations per optimizer step")
+    p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (only when --max_steps is 0)")
+    p.add_argument("--max_steps", type=int, default=1000, help="optimizer steps (0: from --epochs)")
+    p.add_argument("--batch", type=int, default=8, help="conversations per optimizer step")
     p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
-    add_train_args(p, lr=3e-3, warmup=10, schedule="cosine", token_budget=16384, out="out/sft", eval_every=50, eval_n=50, save_every=50)
+    add_train_args(p, lr=2e-3, warmup=10, schedule="cosine", token_budget=16384, out="out/sft", eval_every=500, eval_n=50, save_every=500)
     args = p.parse_args()
 
     # ---- setup
