@@ -375,6 +375,13 @@ def play_human(env, policy):
                 return int(text)
             print("not a free cell, try again")
     env.opponent = ask
+    try:
+        _play_games(env, policy)
+    except (EOFError, KeyboardInterrupt):
+        print("\nbye")
+
+
+def _play_games(env, policy):
     while True:
         ex = env.examples(1, seed=random.randrange(2**31))[0]
         ep = new_episode(env, ex)
