@@ -144,9 +144,9 @@ def update(model, records, adv, args, opt, amp, ref_model=None):
                 loss, clipped = policy_loss(logp, old_logp, a, w, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
                 loss.backward()
                 total_loss += loss.item()
-                if epoch == 0:  # how far the trainer's logprobs are from the sampler's (temperature, precision)
+                if epoch == 0:  # how far the trainer's logprobs (before any update) are from the sampler's
                     sampled = torch.tensor([lp for i in mb for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
-                    stats["logp_mismatch"] += (logp.detach() - sampled).abs().sum().item()
+                    stats["logp_mismatch"] += (old_logp - sampled).abs().sum().item()
                 stats["entropy"] += entropy.sum().item()
                 stats["clip_frac"] += clipped.float().sum().item()
                 stats["train_tokens"] += int(mask.numel())
