@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from eval import evaluate_standard
 from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, rollout, show
-from sft import add_train_args, log_line, lr_at, pad_batch, rng_state, save_checkpoint, start_or_resume, token_microbatches
+from sft import add_train_args, checkpoint_to_resume, log_eval, log_line, lr_at, pad_batch, rng_state, save_checkpoint, start_or_resume, token_microbatches
 
 # ----------------------------------------------------------------------------- the loss
 
@@ -261,10 +261,7 @@ def main():
     device = pick_device(args.device)
     os.makedirs(args.out, exist_ok=True)
     metrics_path = os.path.join(args.out, "metrics.jsonl")
-    state_path = os.path.join(args.out, "trainer_state.pt")
-    resume = args.resume and os.path.exists(state_path)
-    if args.resume and not resume:
-        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
+    resume = checkpoint_to_resume(args)
 
     # ---- environment: consecutive examples are balanced when num_groups = examples per step
     env_args = dict(parse_env_args(args.env_args))
@@ -284,12 +281,13 @@ def main():
 
     # ---- optimizer (fp32 weights and state; bf16 autocast for the forward on a GPU)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
-    step, bad_steps = start_or_resume(args, opt), 0
+    step, bad_steps = start_or_resume(args, opt, resume), 0
 
     def run_eval(step):
         model.eval()
-        for name, (s, recs) in evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed, args.out).items():
-            log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
+        evals = evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed, args.out)
+        log_eval(step, evals, metrics_path)
+        for _, recs in evals.values():
             print(show(recs[0]))
 
     def save(step):

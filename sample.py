@@ -19,12 +19,10 @@ A policy maps a batch of unfinished episodes to one reply each. Three kinds shar
 """
 import argparse
 import concurrent.futures
-import copy
 import importlib
 import json
 import os
 import random
-import sys
 import threading
 import time
 

@@ -120,11 +120,19 @@ def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_
     return p
 
 
-def start_or_resume(args, opt):
-    """Fresh run: clear DIR/metrics.jsonl. --resume: load optimizer, step and RNG states from DIR's checkpoint
+def checkpoint_to_resume(args):
+    """True when --resume finds a checkpoint in DIR (and says so when it does not)."""
+    found = args.resume and os.path.exists(os.path.join(args.out, "trainer_state.pt"))
+    if args.resume and not found:
+        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
+    return found
+
+
+def start_or_resume(args, opt, resume):
+    """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint
     and drop log lines written after it (they are redone). Returns the step to start from."""
     state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
-    if not (args.resume and os.path.exists(state_path)):
+    if not resume:
         if os.path.exists(metrics_path):
             os.remove(metrics_path)
         return 0
@@ -136,6 +144,12 @@ def start_or_resume(args, opt):
         open(metrics_path, "w").writelines(rows)
     print(f"resumed from {args.out} at step {ts['step']}")
     return ts["step"]
+
+
+def log_eval(step, results, path):
+    """The log line of an evaluate_standard() result: rates and mean reward per setting."""
+    for name, (s, _) in results.items():
+        log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, path)
 
 
 def log_line(step, metrics, path=None):
@@ -291,10 +305,7 @@ def main():
     torch.manual_seed(args.seed)
     device = pick_device(args.device)
     env = load_env(args.env, args.env_args)
-    state_path = os.path.join(args.out, "trainer_state.pt")
-    resume = args.resume and os.path.exists(state_path)
-    if args.resume and not resume:
-        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
+    resume = checkpoint_to_resume(args)
 
     # ---- data
     data_path = os.path.join(args.out, "data.jsonl")
@@ -335,7 +346,7 @@ def main():
     steps_per_epoch = max(1, len(encoded) // args.batch)
     total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
-    step = start_or_resume(args, opt)
+    step = start_or_resume(args, opt, resume)
 
     def batch_indices(step):
         """The data position is a pure function of the step: epoch e is a permutation seeded by (seed, e)."""
@@ -352,9 +363,9 @@ def main():
     def run_eval(step):
         model.eval()
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64)
-        for name, (s, _) in evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n).items():
-            results[name] = s
-            log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, metrics_path)
+        evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n)
+        results.update({name: s for name, (s, _) in evals.items()})
+        log_eval(step, evals, metrics_path)
         model.train()
 
     def save(step):

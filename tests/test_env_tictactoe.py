@@ -4,7 +4,6 @@ CPU only, deterministic (fixed seeds everywhere, hypothesis derandomized), a few
 """
 import copy
 import json
-import math
 import os
 import random
 import re

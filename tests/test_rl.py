@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 from rl import policy_loss, token_logprobs
