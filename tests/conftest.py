@@ -1,4 +1,5 @@
-"""Shared fixtures for the rollout-engine and evaluator tests (tests/test_sample.py, tests/test_eval_api.py).
+"""Shared fixtures: a tiny offline model for the rollout-engine, evaluator and trainer tests, and a timed
+subprocess runner for the environment tests.
 
 Everything is offline and CPU-only: the model is a tiny random-init Llama built by `sft.build_scratch` (a BPE
 tokenizer trained on scripted tic-tac-toe transcripts, ChatML template), saved with save_pretrained and loaded
@@ -107,20 +108,27 @@ def tiny_model(tiny_model_dir):
     return sample.load_model(tiny_model_dir, device="cpu")
 
 
+def _saved_variant(src, out, change):
+    """Load the model in `src`, apply change(model, tokenizer) in place, save both to `out` like any model."""
+    import sample
+    model, tok = sample.load_model(src, device="cpu")
+    change(model, tok)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    return str(out)
+
+
 @pytest.fixture(scope="session")
 def sharp_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny model with every weight matrix multiplied by SHARPEN (see above), saved like any model."""
     import torch
-    import sample
-    model, tok = sample.load_model(tiny_model_dir, device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(SHARPEN)
-    out = str(tmp_path_factory.mktemp("sharp_model"))
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    return out
+
+    def sharpen(model, tok):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(SHARPEN)
+    return _saved_variant(tiny_model_dir, tmp_path_factory.mktemp("sharp_model"), sharpen)
 
 
 @pytest.fixture(scope="session")
@@ -132,13 +140,9 @@ def sharp_model(sharp_model_dir):
 @pytest.fixture(scope="session")
 def qwen3_model_dir(tiny_model_dir, tmp_path_factory):
     """Same weights and tokenizer as tiny_model_dir, chat template replaced by QWEN3_STYLE_TEMPLATE."""
-    import sample
-    model, tok = sample.load_model(tiny_model_dir, device="cpu")
-    tok.chat_template = QWEN3_STYLE_TEMPLATE
-    out = str(tmp_path_factory.mktemp("qwen3_style_model"))
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    return out
+    def use_qwen3_template(model, tok):
+        tok.chat_template = QWEN3_STYLE_TEMPLATE
+    return _saved_variant(tiny_model_dir, tmp_path_factory.mktemp("qwen3_style_model"), use_qwen3_template)
 
 
 @pytest.fixture(scope="session")
@@ -160,3 +164,19 @@ def no_template_model_dir(tiny_model_dir, tmp_path):
     cfg.pop("chat_template", None)
     cfg_path.write_text(json.dumps(cfg))
     return str(out)
+
+
+@pytest.fixture
+def run_python_within():
+    """run(script, seconds, what): run `script` in a fresh interpreter (repo root as argv[1]); fail the test,
+    naming `what`, if it takes longer than `seconds` or exits non-zero; return the finished process."""
+    import subprocess
+
+    def run(script, seconds, what):
+        try:
+            proc = subprocess.run([sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, timeout=seconds)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{what} took over {seconds} s")
+        assert proc.returncode == 0, proc.stderr
+        return proc
+    return run
