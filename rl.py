@@ -24,8 +24,8 @@ Simplifications, on purpose:
   - one advantage per episode: every token the model sampled in a multi-turn game gets the game's advantage
     (no per-turn credit assignment, no value function, no discount);
   - no KL penalty unless --beta > 0 (then a frozen reference copy is loaded), no entropy bonus;
-  - generation with HF generate on the training weights (no vLLM, no async), re-encoding the conversation
-    each turn instead of reusing the KV cache between turns;
+  - generation with HF generate on the training weights (no vLLM, no async, no paged attention); each
+    episode's KV cache is carried across turns (sample.HFPolicy), but not shared between rollouts of a group;
   - episodes whose advantage is 0 (e.g. groups whose rewards are all equal) are skipped in the backward
     pass (they carry no gradient) but still count in the token normalisation.
 Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.png (if matplotlib is

@@ -13,7 +13,9 @@ A policy maps a batch of unfinished episodes to one reply each. Three kinds shar
                  `logprobs` (of the sampled tokens under the sampling temperature, 0 elsewhere). Later
                  environment messages are appended as the tokens the chat template puts between an assistant
                  turn and the next generation prompt; the conversation is never re-rendered, so templates
-                 that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift.
+                 that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift. Each
+                 episode also keeps the KV cache of what was already encoded, so a turn encodes only the new
+                 environment message, not the whole conversation again (plain full-attention caches only).
   APIPolicy      an OpenAI-compatible endpoint, concurrent requests, retries with backoff.
   ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax).
 """
@@ -174,10 +176,12 @@ class _RecordLogprobs:
 
 
 class HFPolicy:
-    def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256):
+    def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
+                 reuse_cache=True):
         self.model, self.tokenizer = model, tokenizer
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
+        self.reuse_cache = reuse_cache  # switched off by the first cache that is not plain full attention
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
 
@@ -198,26 +202,54 @@ class HFPolicy:
 
     @torch.no_grad()
     def _generate(self, episodes):
+        """One generate() call for a batch of trajectories, each continued from its own KV cache.
+
+        Re-encoding the whole conversation every turn (system prompt and all earlier turns) costs more than the
+        reply itself on a CPU, so each episode keeps the keys/values of the tokens already encoded (`kv`, the
+        first `kv_len` ids). A batch lays each row out as [pad | cached ids][pad | new ids]: the cached part
+        right-aligned at column C, the new tokens right-aligned at the end, the pads masked. generate() then
+        encodes only the new columns; positions come from the attention mask, so the holes change nothing."""
+        from transformers import DynamicCache
         device = self.model.device
-        width = max(len(ep["ids"]) for ep in episodes)
-        input_ids = torch.full((len(episodes), width), self.pad_id, dtype=torch.long)  # (B, T) left-padded
+        kv_lens = [ep.get("kv_len", 0) if self.reuse_cache else 0 for ep in episodes]
+        C = max(kv_lens)
+        width = C + max(len(ep["ids"]) - k for ep, k in zip(episodes, kv_lens))
+        input_ids = torch.full((len(episodes), width), self.pad_id, dtype=torch.long)  # (B, T)
         attention = torch.zeros((len(episodes), width), dtype=torch.long)
-        for b, ep in enumerate(episodes):
-            input_ids[b, width - len(ep["ids"]):] = torch.tensor(ep["ids"])
-            attention[b, width - len(ep["ids"]):] = 1
+        for b, (ep, k) in enumerate(zip(episodes, kv_lens)):
+            new = ep["ids"][k:]
+            input_ids[b, C - k:C], input_ids[b, width - len(new):] = torch.tensor(ep["ids"][:k], dtype=torch.long), torch.tensor(new)
+            attention[b, C - k:C], attention[b, width - len(new):] = 1, 1
+        cache = None
+        if C:  # (B, H, C, D) per layer: each episode's keys/values right-aligned at C, zeros where masked
+            layers, donor = [], next(ep["kv"] for ep, k in zip(episodes, kv_lens) if k)
+            for layer, (ref, _) in enumerate(donor):
+                K = ref.new_zeros((len(episodes), ref.shape[0], C, ref.shape[2]))
+                V = K.clone()
+                for b, (ep, k) in enumerate(zip(episodes, kv_lens)):
+                    if k:
+                        K[b, :, C - k:], V[b, :, C - k:] = ep["kv"][layer]
+                layers.append((K, V))
+            cache = DynamicCache(layers)
         record = _RecordLogprobs(self.temp)
         sampling = dict(do_sample=True, temperature=self.temp, top_p=self.top_p, top_k=0) if self.temp > 0 else dict(do_sample=False)
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=self.max_new_tokens,
-            eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id, logits_processor=[record], **sampling)
-        new = out[:, width:].cpu()  # (B, L)
-        record.collect(out[:, -1])
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
+            max_new_tokens=self.max_new_tokens, eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id,
+            logits_processor=[record], return_dict_in_generate=True, **sampling)
+        new = out.sequences[:, width:].cpu()  # (B, L)
+        record.collect(out.sequences[:, -1])
         logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)
+        kept = self._cache_layers(out.past_key_values)
         replies = []
         for b, ep in enumerate(episodes):
             toks, lps = new[b].tolist(), logprobs[b].tolist()
             stop = next((i for i, t in enumerate(toks) if t in self.chat.stop_ids), None)
             toks, lps = (toks[:stop + 1], lps[:stop + 1]) if stop is not None else (toks, lps)
+            if kept:  # this episode's encoded tokens: its unmasked input columns + its reply, as far as encoded
+                cols = torch.cat([attention[b].nonzero().squeeze(1), width + torch.arange(len(toks))])
+                cols = cols[cols < kept[0][0].shape[2]].to(device)
+                ep["kv"], ep["kv_len"] = [(K[b][:, cols], V[b][:, cols]) for K, V in kept], len(cols)
             self.gen_tokens += len(toks)
             ep["ids"] += toks
             ep["mask"] += [1] * len(toks)
@@ -229,6 +261,15 @@ class HFPolicy:
             ep["truncated"] = ep.get("truncated", 0) + (stop is None)
             replies.append(self.tokenizer.decode(toks[:stop] if stop is not None else toks, skip_special_tokens=True))
         return replies
+
+    def _cache_layers(self, cache):
+        """[(keys, values)] per layer when the cache can be continued as above (plain full attention in every
+        layer); else None, and re-encoding from then on (sliding windows and recurrent layers cannot be spliced)."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+        if self.reuse_cache and isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers):
+            return [(l.keys, l.values) for l in cache.layers]
+        self.reuse_cache = False
+        return None
 
 
 class APIPolicy:
@@ -308,6 +349,7 @@ def advance(env, ep, reply):
 def finish(env, ep):
     """The JSON-able rollout record of a finished episode."""
     rewards = env.rewards(ep["state"])
+    ep.pop("kv", None)  # the policy's KV cache of this episode: free it now, not when the batch ends
     rec = {"index": ep["index"], "rollout": ep["rollout"], "example": ep["example"], "messages": ep["messages"],
            "rewards": rewards, "reward": total_reward(env, rewards),
            "metrics": env.metrics(ep["state"]) if hasattr(env, "metrics") else {}}

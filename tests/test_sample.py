@@ -281,6 +281,60 @@ def test_hf_rollout_qwen3_template_sampled(qwen3_model, short_env):
                 pos = found + len(m["content"])
 
 
+# ----------------------------------------------------------------------------- KV-cache reuse across turns
+
+
+def _spy_generate(model, monkeypatch):
+    """Wrap model.generate; returns the list of cached lengths it was called with (0: no cache passed)."""
+    seen, original = [], model.generate
+
+    def generate(**kw):
+        cache = kw.get("past_key_values")
+        seen.append(cache.get_seq_length() if cache is not None else 0)
+        return original(**kw)
+    monkeypatch.setattr(model, "generate", generate)
+    return seen
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.3])
+def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, temp):
+    """Each episode continued from its own KV cache (left-padded cache, holes before the new tokens) gives
+    the same tokens and logprobs as re-encoding the whole conversation every turn."""
+    model, tok = sharp_model
+    examples = short_env.examples(6, seed=11)
+    runs = {}
+    for reuse in (True, False):
+        torch.manual_seed(0)
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
+        seen = _spy_generate(model, monkeypatch)
+        runs[reuse] = rollout(short_env, examples, policy, progress=False)
+        monkeypatch.undo()
+        assert policy.reuse_cache == reuse
+        # later turns start from a cache exactly when reuse is on; the first turn never does
+        assert seen[0] == 0 and (max(seen) > 0) == reuse
+    assert max(len(r["messages"]) for r in runs[True]) >= 6, "several turns, so the cache was continued"
+    for a, b in zip(runs[True], runs[False]):
+        assert a["ids"] == b["ids"] and a["mask"] == b["mask"]
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
+
+
+def test_kv_cache_reuse_falls_back_for_sliding_window(tiny_model_dir, short_env, tmp_path):
+    """A cache that cannot be spliced (sliding-window layers) switches the policy to re-encoding, same replies."""
+    from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
+    llama, tok = sample.load_model(tiny_model_dir, device="cpu")
+    cfg = {k: v for k, v in llama.config.to_dict().items() if k not in ("architectures", "model_type")}
+    MistralForCausalLM(MistralConfig(**cfg, sliding_window=8)).save_pretrained(tmp_path / "sw")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "sw")
+    model.load_state_dict(llama.state_dict())
+    examples = short_env.examples(3, seed=2)
+    policy = HFPolicy(model.eval(), tok, short_env.system_prompt, temp=0.0, max_new_tokens=10)
+    got = rollout(short_env, examples, policy, progress=False)
+    assert policy.reuse_cache is False
+    want = rollout(short_env, examples, HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10,
+                                                 reuse_cache=False), progress=False)
+    assert [r["ids"] for r in got] == [r["ids"] for r in want]
+
+
 # ----------------------------------------------------------------------------- batching
 
 
