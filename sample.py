@@ -241,6 +241,7 @@ class HFPolicy:
         record.collect(out.sequences[:, -1])
         logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)
         kept = self._cache_layers(out.past_key_values)
+        encoded = kept[0][0].shape[2] if kept else 0  # columns in the cache: the last sampled token never went in
         replies = []
         for b, ep in enumerate(episodes):
             toks, lps = new[b].tolist(), logprobs[b].tolist()
@@ -248,7 +249,7 @@ class HFPolicy:
             toks, lps = (toks[:stop + 1], lps[:stop + 1]) if stop is not None else (toks, lps)
             if kept:  # this episode's encoded tokens: its unmasked input columns + its reply, as far as encoded
                 cols = torch.cat([attention[b].nonzero().squeeze(1), width + torch.arange(len(toks))])
-                cols = cols[cols < kept[0][0].shape[2]].to(device)
+                cols = cols[cols < encoded].to(device)
                 ep["kv"], ep["kv_len"] = [(K[b][:, cols], V[b][:, cols]) for K, V in kept], len(cols)
             self.gen_tokens += len(toks)
             ep["ids"] += toks

@@ -3,7 +3,7 @@ SFT warm-up: play teacher games, keep the good ones, train every parameter on th
 
     python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --api_base https://api.openai.com/v1 \
         --n_games 200 --max_steps 30 --batch 32 --lr 1e-5                                      # GPU, as in the reference
-    python sft.py --model scratch --teacher minimax --teacher_random_prob 0.2                # offline, CPU, ~8 minutes
+    python sft.py --model scratch --teacher minimax --teacher_random_prob 0.2                # offline, CPU, ~10 minutes
     python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
 
 --model scratch builds a small Llama-architecture model (random init, a few million parameters) and a
