@@ -41,11 +41,11 @@ import random
 import time
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from eval import evaluate_standard
 from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, rollout, show
-from sft import add_train_args, checkpoint_to_resume, log_eval, log_line, lr_at, pad_batch, rng_state, save_checkpoint, start_or_resume, token_microbatches
+from sft import (add_train_args, checkpoint_to_resume, log_eval, log_line, lr_at, pad_batch, rng_state, save_checkpoint,
+                 start_or_resume, token_logprobs, token_microbatches)
 
 # ----------------------------------------------------------------------------- the loss
 
@@ -76,27 +76,6 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
         d = ref_logp - logp
         per_token = per_token + beta * (torch.exp(d) - d - 1)
     return (per_token * weight).sum(), clipped
-
-
-def token_logprobs(model, ids, mask, temp, chunk=2048):
-    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
-
-    ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
-    under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state  # (B, T, H); right padding needs no mask
-    sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
-    h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
-    head = model.get_output_embeddings()
-
-    def piece(h, t):
-        logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
-        with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-        return logp.gather(1, t[:, None]).squeeze(1), entropy
-    outs = [checkpoint(piece, h[i:i + chunk], targets[i:i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)]
-    if not outs:
-        return hidden.new_zeros(0, dtype=torch.float), hidden.new_zeros(0, dtype=torch.float)
-    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 
 # ----------------------------------------------------------------------------- one update

@@ -25,6 +25,7 @@ import shutil
 import time
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from sample import ChatTokens, parse_env_args, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
 
@@ -53,6 +54,51 @@ def token_microbatches(lengths, budget):
             cur = []
         cur.append(i)
     return batches + ([cur] if cur else [])
+
+
+def decoder_hidden(model, ids):
+    """Last hidden states (B, T, H) of right-padded rows (no attention mask needed: padding comes last).
+
+    Rows of a batch all start with the same tokens (system prompt, chat header, often the first user turn):
+    that common prefix runs once, for one row, and its keys/values are broadcast to every row as the cache the
+    rest attends to. Same result as the full forward, (B-1)/B of the prefix's cost saved, gradients flow into
+    the shared part. Falls back to the full forward for caches that cannot be broadcast (sliding windows,
+    recurrent layers) and under gradient checkpointing (which turns the cache off)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    decoder = model.get_decoder()
+    B, T = ids.shape
+    prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # common prefix length
+    if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
+        return decoder(input_ids=ids).last_hidden_state
+    head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+    cache = head.past_key_values
+    if not (isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers)):
+        return decoder(input_ids=ids).last_hidden_state
+    for layer in cache.layers:  # (1, heads, prefix, D) -> (B, heads, prefix, D), a view: backward sums over rows
+        layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+    rest = decoder(input_ids=ids[:, prefix:], past_key_values=cache).last_hidden_state  # (B, T-prefix, H)
+    return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
+
+
+def token_logprobs(model, ids, mask, temp, chunk=2048):
+    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
+
+    ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
+    under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
+    hidden = decoder_hidden(model, ids)  # (B, T, H)
+    sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
+    h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
+    head = model.get_output_embeddings()
+
+    def piece(h, t):
+        logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+        return logp.gather(1, t[:, None]).squeeze(1), entropy
+    outs = [checkpoint(piece, h[i:i + chunk], targets[i:i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)]
+    if not outs:
+        return hidden.new_zeros(0, dtype=torch.float), hidden.new_zeros(0, dtype=torch.float)
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 
 def pad_batch(seqs, pad_id, device):
@@ -385,10 +431,8 @@ def main():
         for mb in token_microbatches([len(encoded[i][0]) for i in idx], args.token_budget):
             ids, mask = pad_batch(([encoded[idx[j]][0] for j in mb], [encoded[idx[j]][1] for j in mb]), chat.eot_id, model.device)
             with amp:
-                # right padding needs no attention mask: padded positions come after every real token and carry mask 0
-                logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
-            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-            loss = (nll * mask[:, 1:]).sum() / n_loss_tokens
+                logp = token_logprobs(model, ids, mask, 1.0)[0]  # (N,): the assistant tokens of the micro-batch
+            loss = -logp.sum() / n_loss_tokens
             loss.backward()
             loss_sum += loss.item()
             n_tok += int(mask.numel())

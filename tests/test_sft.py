@@ -45,6 +45,34 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tiny_model_dir):
     assert tok.decode(ids) + "\n" == tok.apply_chat_template(msgs, tokenize=False)
 
 
+def test_shared_prefix_forward_equals_full_forward(tiny_model_dir):
+    """decoder_hidden runs the rows' common prefix once: same hidden states and same gradients as the full forward."""
+    from sft import decoder_hidden
+    model, _ = load_model(tiny_model_dir)
+    torch.manual_seed(0)
+    shared = torch.randint(0, model.config.vocab_size, (1, 12)).expand(4, -1)
+    ids = torch.cat([shared, torch.randint(0, model.config.vocab_size, (4, 9))], 1)  # (4, 21): 12 tokens in common
+    ids[1, -3:] = 0  # right padding, as in a batch
+    weight = torch.randn(4, 21, model.config.hidden_size)
+    grads = []
+    for forward in (lambda: model.get_decoder()(input_ids=ids).last_hidden_state, lambda: decoder_hidden(model, ids)):
+        model.zero_grad()
+        hidden = forward()
+        (hidden * weight).sum().backward()
+        grads.append((hidden.detach(), [p.grad.clone() for p in model.parameters()]))
+    (h_full, g_full), (h_shared, g_shared) = grads
+    assert torch.allclose(h_full, h_shared, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(g_full, g_shared))
+    calls = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    decoder_hidden(model, ids)
+    hook.remove()
+    assert calls == [(1, 12), (4, 9)]  # the prefix once, then only the rest of every row
+    other = ids.clone()
+    other[2, 3] = (other[2, 3] + 1) % model.config.vocab_size  # rows now share only 3 tokens: plain forward
+    assert torch.allclose(decoder_hidden(model, other), model.get_decoder()(input_ids=other).last_hidden_state, atol=1e-5)
+
+
 def test_bad_data_and_bad_model(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}\nnot json\n')
