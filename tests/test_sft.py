@@ -45,6 +45,33 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tiny_model_dir):
     assert tok.decode(ids) + "\n" == tok.apply_chat_template(msgs, tokenize=False)
 
 
+def test_sft_loss_weights_assistant_and_context_tokens(tiny_model_dir):
+    """sft_loss against a hand computation from the full logits: assistant tokens weight 1, the rest
+    (system prompt, environment messages) --context_loss, padding nothing."""
+    from sft import sft_loss
+    model, tok = load_model(tiny_model_dir)
+    env = env_tictactoe.load_environment()
+    chat = ChatTokens(tok, env.system_prompt)
+    msgs = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": "New game.\n0|1|2"},
+            {"role": "assistant", "content": "<think>centre</think><move>4</move>"}, {"role": "user", "content": "You took cell 4."},
+            {"role": "assistant", "content": "<think>corner</think><move>0</move>"}]
+    rows = [chat.encode_conversation(msgs), chat.encode_conversation(msgs[:3])]  # two lengths: the second is padded
+    with torch.no_grad():
+        for lam in (0.0, 0.5):
+            loss, reply_nll, ctx_nll, n_ctx = sft_loss(model, rows, lam, chat.eot_id)
+            want_reply = want_ctx = 0.0
+            for ids, mask in rows:
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)  # (T-1, V)
+                nll = -logp.gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)  # (T-1,)
+                m = torch.tensor(mask[1:], dtype=torch.bool)
+                want_reply += nll[m].sum().item()
+                want_ctx += nll[~m].sum().item()
+            assert abs(reply_nll - want_reply) < 1e-3
+            assert abs(loss.item() - (want_reply + lam * want_ctx)) < 1e-3
+            assert n_ctx == (sum(len(i) - 1 - sum(m[1:]) for i, m in rows) if lam else 0)
+            assert abs(ctx_nll - (want_ctx if lam else 0.0)) < 1e-3
+
+
 def test_shared_prefix_forward_equals_full_forward(tiny_model_dir):
     """decoder_hidden runs the rows' common prefix once: same hidden states and same gradients as the full forward."""
     from sft import decoder_hidden
