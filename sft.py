@@ -18,8 +18,8 @@ data it left the loss plateau earlier for both seeds measured, and 2.5-3.5% of i
 instead of 17-36% (README).
 
 Output: DIR (default out/sft) is a save_pretrained directory (safetensors, tokenizer, chat template) loadable
-by eval.py, rl.py, transformers and vLLM, plus DIR/sft_args.json, DIR/sft_results.json, DIR/metrics.jsonl, DIR/data.jsonl (the kept games) and
-DIR/trainer_state.pt (for --resume).
+by eval.py, rl.py, transformers and vLLM, plus DIR/sft_args.json, DIR/sft_results.json, DIR/metrics.jsonl,
+DIR/data.jsonl (the kept games) and DIR/trainer_state.pt (for --resume).
 """
 import argparse
 import json
