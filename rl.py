@@ -11,7 +11,8 @@ One step:
      share its seed, so the opponent answers the same position the same way and rewards differ only by policy;
   2. advantage A = R - mean(R of its group)  (--scale_rewards group: / std of the group, as in GRPO);
   3. loss on the sampled tokens only (the trajectory `mask`), recomputed from the exact token ids of the
-     rollouts, logits divided by the sampling temperature so the logprobs describe the sampled distribution;
+     rollouts (the batch's common prefix, the system prompt, runs once: sft.decoder_hidden), logits divided
+     by the sampling temperature so the logprobs describe the sampled distribution;
   4. one optimizer step per batch (--minibatch / --ppo_epochs for several, where the importance ratio matters).
 
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
