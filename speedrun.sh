@@ -18,7 +18,7 @@ if [ "${QUICK:-0}" = "1" ]; then
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4"
   N_EVAL=${N_EVAL:-8}
 else
-  SFT="--n_games 12000 --batch 8 --lr 2e-3 --warmup 10 --max_steps 1000 --eval_every 0 --save_every 500 --eval_n 50"
+  SFT="--n_games 12000 --batch 8 --lr 2e-3 --warmup 10 --max_steps 1300 --eval_every 0 --save_every 650 --eval_n 50"
   RL="--batch 64 --group 8 --steps 60 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 0 --eval_n 50"
   N_EVAL=${N_EVAL:-200}
 fi
