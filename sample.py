@@ -264,13 +264,21 @@ class HFPolicy:
         return replies
 
     def _cache_layers(self, cache):
-        """[(keys, values)] per layer when the cache can be continued as above (plain full attention in every
-        layer); else None, and re-encoding from then on (sliding windows and recurrent layers cannot be spliced)."""
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-        if self.reuse_cache and isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers):
-            return [(l.keys, l.values) for l in cache.layers]
-        self.reuse_cache = False
-        return None
+        """plain_cache_layers(cache) while reuse is on; the first cache that cannot be continued switches to
+        re-encoding from then on."""
+        kept = plain_cache_layers(cache) if self.reuse_cache else None
+        self.reuse_cache = kept is not None
+        return kept
+
+
+def plain_cache_layers(cache):
+    """[(keys (B, H, T, D), values)] per layer when every layer of `cache` is plain full attention, so that its
+    rows and columns can be sliced, stacked or broadcast into a new DynamicCache; else None (sliding windows and
+    recurrent layers cannot be)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    if isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers):
+        return [(l.keys, l.values) for l in cache.layers]
+    return None
 
 
 class APIPolicy:

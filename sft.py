@@ -32,7 +32,8 @@ import time
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from sample import ChatTokens, parse_env_args, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device, rollout
+from sample import (ChatTokens, parse_env_args, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device,
+                    plain_cache_layers, rollout)
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -69,18 +70,18 @@ def decoder_hidden(model, ids):
     rest attends to. Same result as the full forward, (B-1)/B of the prefix's cost saved, gradients flow into
     the shared part. Falls back to the full forward for caches that cannot be broadcast (sliding windows,
     recurrent layers) and under gradient checkpointing (which turns the cache off)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers import DynamicCache
     decoder = model.get_decoder()
     B, T = ids.shape
     prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # common prefix length
     if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
         return decoder(input_ids=ids).last_hidden_state
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-    cache = head.past_key_values
-    if not (isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers)):
+    kv = plain_cache_layers(head.past_key_values)
+    if kv is None:
         return decoder(input_ids=ids).last_hidden_state
-    for layer in cache.layers:  # (1, heads, prefix, D) -> (B, heads, prefix, D), a view: backward sums over rows
-        layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+    # (1, heads, prefix, D) -> (B, heads, prefix, D), views: the backward sums over rows
+    cache = DynamicCache([(K.expand(B, -1, -1, -1), V.expand(B, -1, -1, -1)) for K, V in kv])
     rest = decoder(input_ids=ids[:, prefix:], past_key_values=cache).last_hidden_state  # (B, T-prefix, H)
     return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
 
@@ -114,7 +115,8 @@ def sft_loss(model, rows, context_loss, pad_id):
     real = torch.arange(ids.shape[1], device=ids.device)[None] < torch.tensor([len(r[0]) for r in rows], device=ids.device)[:, None]
     w = mask + context_loss * (1 - mask) * real  # (B, T)
     logp = token_logprobs(model, ids, w, 1.0)[0]  # (N,): every token with a weight
-    w, reply = w[:, 1:][w[:, 1:] > 0], mask[:, 1:][w[:, 1:] > 0].bool()  # (N,), (N,)
+    keep = w[:, 1:] > 0  # (B, T-1): the positions token_logprobs scored
+    w, reply = w[:, 1:][keep], mask[:, 1:][keep].bool()  # (N,), (N,)
     loss = -(logp * w).sum()
     return loss, -logp[reply].sum().item(), -logp[~reply].sum().item(), int((~reply).sum())
 
