@@ -165,7 +165,7 @@ class TicTacToe:
     # `eval.py --certify`); None is the seeded opponent described above.
     opponent = None
 
-    def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8):
+    def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1):
         for name, p in [("min_random_move_prob", min_random_move_prob), ("max_random_move_prob", max_random_move_prob)]:
             if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name}={p!r}: must be a probability in [0, 1]")
@@ -175,7 +175,10 @@ class TicTacToe:
             raise ValueError(f"num_groups={num_groups!r}: must be a positive integer")
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns={max_turns!r}: must be a positive integer")
+        if not isinstance(invalid_penalty, (int, float)) or not 0 <= invalid_penalty < float("inf"):
+            raise ValueError(f"invalid_penalty={invalid_penalty!r}: must be a number >= 0")
         self.lo, self.hi, self.num_groups, self.max_turns = min_random_move_prob, max_random_move_prob, num_groups, max_turns
+        self.invalid_penalty = invalid_penalty
 
     def examples(self, n, seed=0):
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
@@ -225,7 +228,7 @@ class TicTacToe:
         result = state["winner"]
         return {"win": 1.0 if result == "X" else 0.5 if result == "draw" else 0.0,
                 "format": state["well_formed"] / max(state["turns"], 1),
-                "invalid": -0.1 if state["invalid_moves"] else 0.0}
+                "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
 
     def metrics(self, state):
         """Per-episode metrics: indicators/fractions become `<name>_rate` in an evaluation, `n_<name>` a mean."""
@@ -278,7 +281,9 @@ class TicTacToe:
         return state["done"]
 
 
-def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8):
+def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
-    num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off."""
-    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns)
+    num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
+    invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
+    a turn, so against a strong opponent the game result alone barely punishes it)."""
+    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty)

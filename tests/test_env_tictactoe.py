@@ -389,8 +389,8 @@ def test_model_first_is_about_half():
 
 # ----------------------------------------------------------------------------- 6. rewards, metrics, invalid replies
 
-def scripted_game(model_moves, opponent_moves, model_first=True, max_turns=8):
-    env = ttt.load_environment(max_turns=max_turns)
+def scripted_game(model_moves, opponent_moves, model_first=True, max_turns=8, **env_args):
+    env = ttt.load_environment(max_turns=max_turns, **env_args)
     moves = iter(opponent_moves)
     env.opponent = lambda state: next(moves)
     state, msg = env.reset({"seed": 1, "random_move_prob": 0.0, "model_first": model_first})
@@ -451,6 +451,9 @@ def test_format_fraction_and_invalid_penalty():
     assert env.rewards(state) == {"win": 1.0, "format": pytest.approx(3 / 5), "invalid": -0.1}
     assert env.metrics(state)["format"] == pytest.approx(0.6)
     assert total_reward(env, state) == pytest.approx(1.0 + 0.2 * 0.6 - 0.1)
+    # a heavier penalty (an RL option): still once per game, however many invalid moves
+    env, state, _ = scripted_game(["<move>0</move>", "<think>a</think><move>0</move>", 1, "junk", 2], [3, 4], invalid_penalty=0.5)
+    assert env.rewards(state)["invalid"] == -0.5 and total_reward(env, state) == pytest.approx(1.0 + 0.2 * 0.6 - 0.5)
 
 
 def test_invalid_reply_leaves_board_and_uses_a_turn():
@@ -711,6 +714,8 @@ def test_well_formed_property(think, cell, ws):
     ({"num_groups": 0}, "num_groups"),
     ({"num_groups": 2.5}, "num_groups"),
     ({"max_turns": 0}, "max_turns"),
+    ({"invalid_penalty": -0.1}, "invalid_penalty"),
+    ({"invalid_penalty": float("nan")}, "invalid_penalty"),
 ])
 def test_bad_arguments_raise_naming_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
