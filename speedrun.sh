@@ -18,11 +18,11 @@ TEACHER_P=${TEACHER_P:-0.2}
 RL_ENV='{"invalid_penalty": 0.5}'
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
-  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4"
+  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15"
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps 2200 --eval_every 0 --save_every 1100 --eval_n 20"
-  RL="--batch 64 --group 8 --steps 25 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 0 --eval_n 20"
+  RL="--batch 64 --group 8 --steps 25 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 0 --eval_n 20 --save_every 15"
   N_EVAL=${N_EVAL:-200}
 fi
 mkdir -p "$OUT"
@@ -35,7 +35,7 @@ python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_
 T_SFT=$SECONDS
 
 stamp "3. RL from the SFT model"
-python rl.py --model "$OUT/sft" $RL --env_args "$RL_ENV" --save_every 15 --out "$OUT/rl" | tee "$OUT/rl.log"
+python rl.py --model "$OUT/sft" $RL --env_args "$RL_ENV" --out "$OUT/rl" | tee "$OUT/rl.log"
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
@@ -81,7 +81,7 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
-    python rl.py --model {out}/sft {rl_args} --save_every 15 --out {out}/rl
+    python rl.py --model {out}/sft {rl_args} --out {out}/rl
     python eval.py --model MODEL --opponent optimal|random -n {n} --temp 0 --max_new_tokens 32
     python eval.py --model MODEL --certify --temp 0 --max_new_tokens 32
 
