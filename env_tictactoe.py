@@ -165,7 +165,8 @@ class TicTacToe:
     # `eval.py --certify`); None is the seeded opponent described above.
     opponent = None
 
-    def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1):
+    def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
+                 show_cells=False):
         for name, p in [("min_random_move_prob", min_random_move_prob), ("max_random_move_prob", max_random_move_prob)]:
             if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name}={p!r}: must be a probability in [0, 1]")
@@ -177,8 +178,10 @@ class TicTacToe:
             raise ValueError(f"max_turns={max_turns!r}: must be a positive integer")
         if not isinstance(invalid_penalty, (int, float)) or not 0 <= invalid_penalty < float("inf"):
             raise ValueError(f"invalid_penalty={invalid_penalty!r}: must be a number >= 0")
+        if not isinstance(show_cells, bool):
+            raise ValueError(f"show_cells={show_cells!r}: must be true or false")
         self.lo, self.hi, self.num_groups, self.max_turns = min_random_move_prob, max_random_move_prob, num_groups, max_turns
-        self.invalid_penalty = invalid_penalty
+        self.invalid_penalty, self.show_cells = invalid_penalty, show_cells
 
     def examples(self, n, seed=0):
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
@@ -262,8 +265,13 @@ class TicTacToe:
 
     # --- internals
     def _show(self, state):
-        cells = " ".join(map(str, free_cells(state["board"])))
-        return f"{render(state['board'])}\nFree cells: {cells}. Your move."
+        board = state["board"]
+        cells = " ".join(map(str, free_cells(board)))
+        if not self.show_cells:
+            return f"{render(board)}\nFree cells: {cells}. Your move."
+        # each side's cells as numbers: a small model otherwise has to locate every X and O by counting positions
+        mine, theirs = (" ".join(str(i) for i, c in enumerate(board) if c == p) or "none" for p in "XO")
+        return f"{render(board)}\nYou (X): {mine}. Opponent (O): {theirs}.\nFree cells: {cells}. Your move."
 
     def _opponent(self, state):
         board = state["board"]
@@ -281,9 +289,11 @@ class TicTacToe:
         return state["done"]
 
 
-def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1):
+def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
+                     show_cells=False):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
-    a turn, so against a strong opponent the game result alone barely punishes it)."""
-    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty)
+    a turn, so against a strong opponent the game result alone barely punishes it); show_cells: list each
+    side's cells under the board ("You (X): 4. Opponent (O): 2 5."), an easier read for a model from scratch."""
+    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells)

@@ -494,6 +494,15 @@ def test_messages_show_board_and_free_cells():
     assert "O|1|2\n3|X|5\n6|7|8" in msgs[1] and "Free cells: 1 2 3 5 6 7 8." in msgs[1]
     assert ttt.render("XO.......") == "X|O|2\n3|4|5\n6|7|8"
     assert "cut off" in env.describe({**state, "winner": None})
+    assert "You (X)" not in msgs[0] + msgs[1]  # the cell lists are opt-in (show_cells)
+
+
+def test_show_cells_lists_each_sides_cells_and_survives_an_invalid_move():
+    env, state, msgs = scripted_game([4, 0, 8], [0, 2], show_cells=True)
+    assert msgs[0].endswith("6|7|8\nYou (X): none. Opponent (O): none.\nFree cells: 0 1 2 3 4 5 6 7 8. Your move.")
+    assert "O|1|2\n3|X|5\n6|7|8\nYou (X): 4. Opponent (O): 0.\nFree cells: 1 2 3 5 6 7 8." in msgs[1]
+    assert msgs[2].startswith("Invalid move: cell 0 is already taken.") and "You (X): 4. Opponent (O): 0.\n" in msgs[2]
+    assert "You (X): 4 8. Opponent (O): 0 2.\nFree cells: 1 3 5 6 7." in msgs[3]
 
 
 # ----------------------------------------------------------------------------- 7. bad input fuzz
@@ -716,6 +725,7 @@ def test_well_formed_property(think, cell, ws):
     ({"max_turns": 0}, "max_turns"),
     ({"invalid_penalty": -0.1}, "invalid_penalty"),
     ({"invalid_penalty": float("nan")}, "invalid_penalty"),
+    ({"show_cells": "yes"}, "show_cells"),
 ])
 def test_bad_arguments_raise_naming_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
