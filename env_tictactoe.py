@@ -42,8 +42,13 @@ def winner(board):
     return "draw" if "." not in board else None
 
 
+def cells_of(board, mark):
+    """The cells holding `mark`: "X", "O", or "." for the free ones."""
+    return [i for i, c in enumerate(board) if c == mark]
+
+
 def free_cells(board):
-    return [i for i, c in enumerate(board) if c == "."]
+    return cells_of(board, ".")
 
 
 def play(board, cell, player):
@@ -270,7 +275,7 @@ class TicTacToe:
         if not self.show_cells:
             return f"{render(board)}\nFree cells: {cells}. Your move."
         # each side's cells as numbers: a small model otherwise has to locate every X and O by counting positions
-        mine, theirs = (" ".join(str(i) for i, c in enumerate(board) if c == p) or "none" for p in "XO")
+        mine, theirs = (" ".join(map(str, cells_of(board, p))) or "none" for p in "XO")
         return f"{render(board)}\nYou (X): {mine}. Opponent (O): {theirs}.\nFree cells: {cells}. Your move."
 
     def _opponent(self, state):
