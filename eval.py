@@ -5,6 +5,7 @@ Evaluate a model (local, API or scripted) on an environment; --certify proves a 
     python eval.py --model minimax --opponent random -n 200                                # scripted baseline
     python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 --opponent optimal -n 100 --out out/api
     python eval.py --model out/rl --certify --out out/cert_rl                              # every opponent line
+    python eval.py --model out/rl --opponent optimal random --certify --out out/eval_rl    # all three, one model load
     python eval.py --model out/sft --env reverse -n 5 -r 3
 
 Writes DIR/rollouts.jsonl as episodes finish (an interrupted run keeps them; --resume skips them) and
@@ -197,7 +198,9 @@ def main():
     p.set_defaults(temp=0.0)
     p.add_argument("-n", type=int, default=100, help="number of examples")
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per example")
-    p.add_argument("--opponent", choices=sorted(OPPONENTS), default=None, help="tictactoe shorthand: optimal (p=0) or random (p=1) opponent")
+    p.add_argument("--opponent", nargs="+", choices=sorted(OPPONENTS), default=None,
+                   help="tictactoe shorthand: optimal (p=0) and/or random (p=1) opponent; several (or one with --certify) "
+                        "run one after the other on one loaded model, each into its own subdirectory of --out")
     p.add_argument("--out", default=None, help="directory for summary.json and rollouts.jsonl")
     p.add_argument("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
     p.add_argument("--certify", action="store_true", help="tictactoe: play the greedy policy against every opponent line")
@@ -206,25 +209,27 @@ def main():
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))
-    if args.opponent:
-        env_args.update(OPPONENTS[args.opponent])
-    env = load_env(args.env, env_args)
     if args.certify and args.temp != 0:
         raise SystemExit("--certify proves the greedy policy: use --temp 0")
-    policy = policy_from_args(args, env)
-    if args.certify:
-        summary, mistakes = certify(env, policy, args.out)
-        for m in mistakes[:args.show]:
-            print(f"{m['kind']}:\n{m['board'][0:3]}\n{m['board'][3:6]}\n{m['board'][6:9]}\nreply: {m['reply']}\n")
-        print(format_summary(summary, f"certificate for {args.model} (greedy)"))
-    else:
-        summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, args.out, args.resume)
-        for rec in records[:args.show]:
-            print(show(rec) + "\n")
-        print(format_summary(summary, f"{args.model} on {args.env} {json.dumps(env_args)}"))
-    if args.out:
-        with open(os.path.join(args.out, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=2)
+    # tasks: each opponent's games, then the certificate; the model is loaded once for all of them
+    tasks = list(args.opponent or ([] if args.certify else [None])) + (["certify"] if args.certify else [])
+    policy = policy_from_args(args, load_env(args.env, env_args))
+    for task in tasks:
+        out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
+        env = load_env(args.env, {**env_args, **OPPONENTS.get(task, {})})
+        if task == "certify":
+            summary, mistakes = certify(env, policy, out)
+            for m in mistakes[:args.show]:
+                print(f"{m['kind']}:\n{m['board'][0:3]}\n{m['board'][3:6]}\n{m['board'][6:9]}\nreply: {m['reply']}\n")
+            print(format_summary(summary, f"certificate for {args.model} (greedy)"))
+        else:
+            summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
+            for rec in records[:args.show]:
+                print(show(rec) + "\n")
+            print(format_summary(summary, f"{args.model} on {args.env} {json.dumps({**env_args, **OPPONENTS.get(task, {})})}"))
+        if out:
+            with open(os.path.join(out, "args.json"), "w") as f:
+                json.dump(vars(args), f, indent=2)
 
 
 if __name__ == "__main__":

@@ -41,10 +41,9 @@ T_RL=$((SECONDS - T_SFT))
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 for who in teacher sft rl; do
   if [ $who = teacher ]; then M="minimax --random_move_prob $TEACHER_P"; else M="$OUT/$who"; fi
-  for opp in optimal random; do
-    python eval.py --model $M --opponent $opp -n "$N_EVAL" --temp 0 --max_new_tokens 32 --show 0 --out "$OUT/eval/${who}_$opp" | tail -n 12
-  done
-  python eval.py --model $M --certify --temp 0 --max_new_tokens 32 --show 3 --out "$OUT/eval/${who}_certify" | tail -n 12
+  # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
+  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 32 --show 1 --out "$OUT/eval/$who" \
+    | grep -v "^certify: "
 done
 T_ALL=$SECONDS
 
@@ -52,8 +51,8 @@ stamp "5. report"
 python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT" "$RL --env_args '$RL_ENV'" <<'PY'
 import json, os, platform, sys
 out, t_sft, t_rl, t_all, p, sft_args, rl_args = sys.argv[1:]
-load = lambda name: json.load(open(os.path.join(out, "eval", name, "summary.json")))
-res = {w: {"optimal": load(f"{w}_optimal"), "random": load(f"{w}_random"), "certificate": load(f"{w}_certify")} for w in ("teacher", "sft", "rl")}
+load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
+res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
 res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
 import torch
 res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
@@ -82,8 +81,7 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
     python rl.py --model {out}/sft {rl_args} --out {out}/rl
-    python eval.py --model MODEL --opponent optimal|random -n {n} --temp 0 --max_new_tokens 32
-    python eval.py --model MODEL --certify --temp 0 --max_new_tokens 32
+    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 32 --out {out}/eval/WHO
 
 Training curves: {out}/rl/curves.png
 """

@@ -309,6 +309,21 @@ def test_scripted_baselines(monkeypatch, tmp_path, capsys):
     assert "loss_rate" in capsys.readouterr().out
 
 
+def test_several_opponents_and_certify_in_one_run(monkeypatch, tmp_path):
+    """--opponent optimal random --certify: one model load, each task in its own subdirectory, the same numbers
+    as the separate runs."""
+    _eval_main(monkeypatch, ["--model", "random", "--opponent", "optimal", "random", "--certify", "-n", "30", "--out", str(tmp_path / "all")])
+    for task in ("optimal", "random"):
+        _eval_main(monkeypatch, ["--model", "random", "--opponent", task, "-n", "30", "--out", str(tmp_path / task)])
+    _eval_main(monkeypatch, ["--model", "random", "--certify", "--out", str(tmp_path / "certify")])
+    drop = lambda s: {k: v for k, v in s.items() if k not in ("wall_s", "episodes_per_s", "gen_tokens_per_s")}
+    for task in ("optimal", "random", "certify"):
+        got = json.loads((tmp_path / "all" / task / "summary.json").read_text())
+        assert drop(got) == drop(json.loads((tmp_path / task / "summary.json").read_text()))
+    assert json.loads((tmp_path / "all" / "optimal" / "summary.json").read_text())["loss_rate"] > 0.3
+    assert json.loads((tmp_path / "all" / "certify" / "summary.json").read_text())["lines_lost"] > 100
+
+
 def test_certificate(monkeypatch, tmp_path, capsys):
     _eval_main(monkeypatch, ["--model", "minimax", "--certify", "--out", str(tmp_path / "mm")])
     mm = json.loads((tmp_path / "mm" / "summary.json").read_text())

@@ -318,6 +318,17 @@ def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, t
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
 
 
+def test_roomy_cache_layer_matches_concatenation():
+    """The in-place cache layer returns exactly what torch.cat would, also when it outgrows its capacity."""
+    layer, parts = sample._roomy_layer()(capacity=2), []
+    for T in (1, 3, 1, 4):
+        k, v = torch.randn(2, 3, T, 4), torch.randn(2, 3, T, 4)
+        parts.append((k, v))
+        keys, values = layer.update(k, v)
+        assert torch.equal(keys, torch.cat([p[0] for p in parts], 2)) and torch.equal(values, torch.cat([p[1] for p in parts], 2))
+    assert layer.get_seq_length() == 9
+
+
 def test_kv_cache_reuse_falls_back_for_sliding_window(tiny_model_dir, short_env, tmp_path):
     """A cache that cannot be spliced (sliding-window layers) switches the policy to re-encoding, same replies."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
