@@ -13,15 +13,18 @@ set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/speedrun}
 TEACHER_P=${TEACHER_P:-0.2}
+SHOW_CELLS=${SHOW_CELLS:-false}  # true: every message also lists each side's cells (env_tictactoe show_cells)
+SFT_STEPS=${SFT_STEPS:-2200}
+ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
-RL_ENV='{"invalid_penalty": 0.5}'
+RL_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5}"
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15"
   N_EVAL=${N_EVAL:-8}
 else
-  SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps 2200 --eval_every 0 --save_every 1100 --eval_n 20"
+  SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
   RL="--batch 64 --group 8 --steps 25 --lr 3e-4 --temp 1.0 --max_new_tokens 32 --eval_every 0 --eval_n 20 --save_every 15"
   N_EVAL=${N_EVAL:-200}
 fi
@@ -31,7 +34,7 @@ SECONDS=0
 stamp() { echo "[speedrun ${SECONDS}s] $*"; }
 
 stamp "1-2. scratch model + SFT on the minimax teacher (random-move probability $TEACHER_P)"
-python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_P" $SFT --out "$OUT/sft" | tee "$OUT/sft.log"
+python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_P" $SFT --env_args "$ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
 T_SFT=$SECONDS
 
 stamp "3. RL from the SFT model"
@@ -42,15 +45,15 @@ stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 for who in teacher sft rl; do
   if [ $who = teacher ]; then M="minimax --random_move_prob $TEACHER_P"; else M="$OUT/$who"; fi
   # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
-  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 32 --show 1 --out "$OUT/eval/$who" \
+  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 32 --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
     | grep -v "^certify: "
 done
 T_ALL=$SECONDS
 
 stamp "5. report"
-python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT" "$RL --env_args '$RL_ENV'" <<'PY'
+python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT --env_args '$ENV'" "$RL --env_args '$RL_ENV'" "$ENV" <<'PY'
 import json, os, platform, sys
-out, t_sft, t_rl, t_all, p, sft_args, rl_args = sys.argv[1:]
+out, t_sft, t_rl, t_all, p, sft_args, rl_args, env_args = sys.argv[1:]
 load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
 res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
 res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
@@ -81,7 +84,7 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
     python rl.py --model {out}/sft {rl_args} --out {out}/rl
-    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 32 --out {out}/eval/WHO
+    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 32 --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {out}/rl/curves.png
 """
