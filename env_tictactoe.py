@@ -110,7 +110,7 @@ def explain(board, cell, player):
     if threats(after, player):
         return f"Cell {cell} makes a threat at {threats(after, player)[0]}."
     kind = "the centre" if cell == CENTRE else "a corner" if cell in CORNERS else "an edge"
-    return f"I take {kind}, cell {cell}."
+    return f"I take cell {cell}, {kind}."
 
 
 def render(board):
@@ -159,7 +159,7 @@ Cells are numbered 0-8, row by row:
 3|4|5
 6|7|8
 The board shows free cells as their numbers. Reply with a short reasoning inside <think>...</think>, then the free cell you take inside <move>...</move>, for example:
-<think>I take the centre.</think><move>4</move>"""
+<think>I take cell 4, the centre.</think><move>4</move>"""
 
 
 class TicTacToe:

@@ -13,8 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/speedrun}
 TEACHER_P=${TEACHER_P:-0.2}
-SHOW_CELLS=${SHOW_CELLS:-false}  # true: every message also lists each side's cells (env_tictactoe show_cells)
-SFT_STEPS=${SFT_STEPS:-2200}
+# show_cells: every message also lists each side's cells, so the small model reads the position as numbers
+SHOW_CELLS=${SHOW_CELLS:-true}
+SFT_STEPS=${SFT_STEPS:-1800}
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)

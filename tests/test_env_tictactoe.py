@@ -780,7 +780,7 @@ def check_explanation(board, reply):
         return "threat"
     assert not my_threats(after, "X")
     kind = {4: "the centre"}.get(cell, "a corner" if cell in CORNERS else "an edge")
-    assert text == f"I take {kind}, cell {cell}."
+    assert text == f"I take cell {cell}, {kind}."
     return "plain"
 
 
