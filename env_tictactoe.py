@@ -100,6 +100,8 @@ def choose_move(board, player, random_move_prob, rng):
 
 def explain(board, cell, player):
     """A short, true sentence about why `cell` is played (used as the scripted players' <think>)."""
+    if len(free_cells(board)) == 1:  # its own words: a student that began "I take a corner" had no corner left
+        return f"Only cell {cell} is free."
     after = play(board, cell, player)
     if winner(after) == player:
         return f"Cell {cell} completes my line, so I win."
@@ -110,7 +112,7 @@ def explain(board, cell, player):
     if threats(after, player):
         return f"Cell {cell} makes a threat at {threats(after, player)[0]}."
     kind = "the centre" if cell == CENTRE else "a corner" if cell in CORNERS else "an edge"
-    return f"I take cell {cell}, {kind}."
+    return f"I take {kind}, cell {cell}."
 
 
 def render(board):
@@ -159,7 +161,7 @@ Cells are numbered 0-8, row by row:
 3|4|5
 6|7|8
 The board shows free cells as their numbers. Reply with a short reasoning inside <think>...</think>, then the free cell you take inside <move>...</move>, for example:
-<think>I take cell 4, the centre.</think><move>4</move>"""
+<think>I take the centre.</think><move>4</move>"""
 
 
 class TicTacToe:
