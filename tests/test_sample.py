@@ -129,12 +129,13 @@ def force_replies(monkeypatch, policy, reply_fn):
 
 def test_greedy_trajectory_is_token_exact(sharp_model, short_env):
     model, tok = sharp_model
-    policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16)
-    recs = rollout(short_env, short_env.examples(4, seed=3), policy, progress=False)
-    assert len(recs) == 4
+    # 8 games, 32 tokens a turn: enough that the random model both stops and is cut off (6 / 18 of 24 turns)
+    policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=32)
+    recs = rollout(short_env, short_env.examples(8, seed=3), policy, progress=False)
+    assert len(recs) == 8
     stopped = cut_total = sampled = 0
     for rec in recs:
-        runs, cut = check_layout(rec, policy.chat, tok, 16)
+        runs, cut = check_layout(rec, policy.chat, tok, 32)
         stopped += len(runs) - cut
         cut_total += cut
         ids, mask = rec["ids"], rec["mask"]
