@@ -216,7 +216,8 @@ def main():
     policy = policy_from_args(args, load_env(args.env, env_args))
     for task in tasks:
         out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
-        env = load_env(args.env, {**env_args, **OPPONENTS.get(task, {})})
+        task_env_args = {**env_args, **OPPONENTS.get(task, {})}
+        env = load_env(args.env, task_env_args)
         if task == "certify":
             summary, mistakes = certify(env, policy, out)
             for m in mistakes[:args.show]:
@@ -226,7 +227,7 @@ def main():
             summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
             for rec in records[:args.show]:
                 print(show(rec) + "\n")
-            print(format_summary(summary, f"{args.model} on {args.env} {json.dumps({**env_args, **OPPONENTS.get(task, {})})}"))
+            print(format_summary(summary, f"{args.model} on {args.env} {json.dumps(task_env_args)}"))
         if out:
             with open(os.path.join(out, "args.json"), "w") as f:
                 json.dump(vars(args), f, indent=2)
