@@ -17,7 +17,7 @@ TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 SFT_STEPS=${SFT_STEPS:-1800}
-RL_STEPS=${RL_STEPS:-25}  # 40 steps: 12 lost certificate lines instead of 13, 50: 9, ~4 minutes more (README)
+RL_STEPS=${RL_STEPS:-25}  # ~12 s a step on 2 cores: the 30 minutes leave room for about this many
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
@@ -28,7 +28,7 @@ if [ "${QUICK:-0}" = "1" ]; then
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
-  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 1e-4 --temp 1.0 --max_new_tokens 32 --eval_every 0 --eval_n 20 --save_every 15"
+  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 1e-4 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15"
   N_EVAL=${N_EVAL:-200}
 fi
 mkdir -p "$OUT"
@@ -48,7 +48,7 @@ stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 for who in teacher sft rl; do
   if [ $who = teacher ]; then M="minimax --random_move_prob $TEACHER_P"; else M="$OUT/$who"; fi
   # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
-  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 32 --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
+  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 48 --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
     | grep -v "^certify: "
 done
 T_ALL=$SECONDS
@@ -87,7 +87,7 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
     python rl.py --model {out}/sft {rl_args} --out {out}/rl
-    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 32 --env_args '{env_args}' --out {out}/eval/WHO
+    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 48 --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {out}/rl/curves.png
 """
