@@ -17,7 +17,7 @@ TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 SFT_STEPS=${SFT_STEPS:-1800}
-RL_STEPS=${RL_STEPS:-25}  # ~12 s a step on 2 cores: the 30 minutes leave room for about this many
+RL_STEPS=${RL_STEPS:-20}  # ~15 s a step on 2 cores: the 30 minutes leave room for about this many
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
@@ -28,7 +28,7 @@ if [ "${QUICK:-0}" = "1" ]; then
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
-  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 1e-4 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15"
+  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 3e-5 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15"
   N_EVAL=${N_EVAL:-200}
 fi
 mkdir -p "$OUT"
