@@ -293,7 +293,8 @@ class TicTacToe:
             if rng.random() < p:
                 cell = rng.choice(free_cells(board))
             else:
-                cell = max(safe_moves(board), key=lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c)))
+                chance = lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c))
+                cell = max(safe_moves(board), key=chance)
             return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
         return reply
 
