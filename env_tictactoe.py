@@ -8,7 +8,8 @@ The model plays X, the opponent O; the example's seed decides who moves first. T
 uniformly random free cell with probability `random_move_prob`, otherwise a uniformly random choice among
 ALL minimax-optimal moves (no positional tie-breaking: an opponent that always answers the same way is
 memorised, not beaten). Every opponent decision comes from an RNG seeded by (example seed, board), so two
-rollouts of one example that reach the same position see the same reply, in any process.
+rollouts of one example that reach the same position see the same reply, in any process. With `opening`
+set, a game may start from a position a few rounds in (see load_environment).
 
 Replies are untrusted text; their outcomes (see `parse_move`):
   - the move is the content of the ONLY <move>...</move> pair, stripped of whitespace, and must be exactly
@@ -110,6 +111,12 @@ def chance_vs_random(board, x_to_move):
     return sum(chance_vs_random(play(board, c, "O"), True) for c in free) / len(free)
 
 
+def player_move(board):
+    """The scripted minimax player's move for X (one per board): of `safe_moves`, the best `chance_vs_random`,
+    ties broken by PREFERENCE."""
+    return max(safe_moves(board), key=lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c)))
+
+
 def stable_rng(*parts):
     """An RNG seeded by a stable hash of `parts` (Python's hash() changes between processes)."""
     digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
@@ -204,7 +211,7 @@ class TicTacToe:
     opponent = None
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False):
+                 show_cells=False, opening=0):
         for name, p in [("min_random_move_prob", min_random_move_prob), ("max_random_move_prob", max_random_move_prob)]:
             if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name}={p!r}: must be a probability in [0, 1]")
@@ -220,6 +227,9 @@ class TicTacToe:
             raise ValueError(f"show_cells={show_cells!r}: must be true or false")
         self.lo, self.hi, self.num_groups, self.max_turns = min_random_move_prob, max_random_move_prob, num_groups, max_turns
         self.invalid_penalty, self.show_cells = invalid_penalty, show_cells
+        if not isinstance(opening, int) or opening < 0:
+            raise ValueError(f"opening={opening!r}: must be an integer >= 0")
+        self.opening = opening
 
     def examples(self, n, seed=0):
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
@@ -236,10 +246,26 @@ class TicTacToe:
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
                  "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
+        moves = [] if state["model_first"] else [f"O {self._opponent(state)}"]
+        # the opening: up to `opening` rounds of the scripted player's X and the example's O, stopping before a
+        # round that would end the game, so that the model always has a move to make
+        for _ in range(stable_rng(example["seed"], "opening").randint(0, self.opening)):
+            board = state["board"]
+            x = player_move(board)
+            state["board"] = play(board, x, "X")
+            if winner(state["board"]) is not None or len(free_cells(state["board"])) < 2:
+                state["board"] = board
+                break
+            o = self._opponent(state)
+            if winner(state["board"]) is not None:
+                state["board"] = board
+                break
+            moves += [f"X {x}", f"O {o}"]
+        if len(moves) > 1:
+            return state, f"New game, from a position: the moves so far were {', '.join(moves)}.\n{self._show(state)}"
         if state["model_first"]:
             return state, f"New game. You are X and move first.\n{self._show(state)}"
-        cell = self._opponent(state)
-        return state, f"New game. The opponent (O) moved first and took cell {cell}.\n{self._show(state)}"
+        return state, f"New game. The opponent (O) moved first and took cell {moves[0][2:]}.\n{self._show(state)}"
 
     def step(self, state, reply):
         """Apply the model's reply; return the next user message, or None when the game is over."""
@@ -293,8 +319,7 @@ class TicTacToe:
             if rng.random() < p:
                 cell = rng.choice(free_cells(board))
             else:
-                chance = lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c))
-                cell = max(safe_moves(board), key=chance)
+                cell = player_move(board)
             return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
         return reply
 
@@ -329,10 +354,13 @@ class TicTacToe:
 
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                     show_cells=False):
+                     show_cells=False, opening=0):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
     a turn, so against a strong opponent the game result alone barely punishes it); show_cells: list each
-    side's cells under the board ("You (X): 4. Opponent (O): 2 5."), an easier read for a model from scratch."""
-    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells)
+    side's cells under the board ("You (X): 4. Opponent (O): 2 5."), an easier read for a model from scratch;
+    opening: start each game after up to this many rounds (the number drawn per example, 0 included) of the
+    scripted minimax player's X and the example's own O, listed in the first message ("the moves so far were
+    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter."""
+    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening)

@@ -3,7 +3,7 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=1800 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, TEACHER_P, SHOW_CELLS, SFT_STEPS, RL_STEPS, N_EVAL
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, N_EVAL
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -16,12 +16,16 @@ OUT=${OUT:-out/speedrun}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
-SFT_STEPS=${SFT_STEPS:-1800}
-RL_STEPS=${RL_STEPS:-20}  # ~15 s a step on 2 cores: the 30 minutes leave room for about this many
+OPENING=$OPENING
+SFT_STEPS=${SFT_STEPS:-2200}
+RL_STEPS=${RL_STEPS:-20}  # ~10 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
+# SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
+# endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
+SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
-RL_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5}"
+RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15"
@@ -37,7 +41,7 @@ SECONDS=0
 stamp() { echo "[speedrun ${SECONDS}s] $*"; }
 
 stamp "1-2. scratch model + SFT on the minimax teacher (random-move probability $TEACHER_P)"
-python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_P" $SFT --env_args "$ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
+python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_P" $SFT --env_args "$SFT_ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
 T_SFT=$SECONDS
 
 stamp "3. RL from the SFT model"
@@ -54,7 +58,7 @@ done
 T_ALL=$SECONDS
 
 stamp "5. report"
-python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT --env_args '$ENV'" "$RL --env_args '$RL_ENV'" "$ENV" <<'PY'
+python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT --env_args '$SFT_ENV'" "$RL --env_args '$RL_ENV'" "$ENV" <<'PY'
 import json, os, platform, sys
 out, t_sft, t_rl, t_all, p, sft_args, rl_args, env_args = sys.argv[1:]
 load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))

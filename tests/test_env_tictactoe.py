@@ -506,6 +506,37 @@ def test_show_cells_lists_each_sides_cells_and_survives_an_invalid_move():
     assert "You (X): 4 8. Opponent (O): 0 2.\nFree cells: 1 3 5 6 7." in msgs[3]
 
 
+def test_opening_starts_from_a_reachable_position_with_the_moves_listed():
+    """opening=k: up to k rounds of the scripted player's X and the example's own O before the model's first
+    turn; the listed moves replay to the board, X's are the player's moves, and the game is never over."""
+    env = ttt.load_environment(show_cells=True, opening=3)
+    plain = ttt.load_environment(show_cells=True)
+    player, rounds = env.scripted_player("minimax", random_move_prob=0.0), Counter()
+    for ex in env.examples(600, seed=5):
+        state, msg = env.reset(ex)
+        assert env.reset(ex) == (state, msg)  # seeded: the same example, the same start
+        m = re.match(r"New game, from a position: the moves so far were ([XO \d,]+)\.\n", msg)
+        if m is None:  # no opening round: the plain start of the same example
+            assert (state, msg) == plain.reset(ex)
+            rounds[0] += 1
+            continue
+        moves = [(mv[0], int(mv[2])) for mv in m.group(1).split(", ")]
+        board = EMPTY
+        for who, cell in moves:
+            if who == "X":
+                # the minimax player's own move (checked against the independent solver below)
+                assert f"<move>{cell}</move>" in player({"board": board, "seed": ex["seed"]})
+            board = board[:cell] + who + board[cell + 1:]
+            assert my_winner(board) is None
+        assert board == state["board"] and "." in board and not state["done"]
+        assert moves[0][0] == ("X" if state["model_first"] else "O") and state["turns"] == 0
+        assert msg.endswith(plain._show(state))
+        rounds[sum(who == "X" for who, _ in moves)] += 1
+    assert set(rounds) == {0, 1, 2, 3} and min(rounds.values()) > 60
+    with pytest.raises(ValueError, match="opening"):
+        ttt.load_environment(opening=-1)
+
+
 # ----------------------------------------------------------------------------- 7. bad input fuzz
 
 PIECES = ["<move>", "</move>", "<think>", "</think>", "<move>", "</move>", "<Move>", "< move>", "<move", "move>",
