@@ -16,7 +16,7 @@ OUT=${OUT:-out/speedrun}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
-OPENING=$OPENING
+OPENING=${OPENING:-3}
 SFT_STEPS=${SFT_STEPS:-2200}
 RL_STEPS=${RL_STEPS:-20}  # ~10 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
