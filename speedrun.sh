@@ -7,8 +7,9 @@
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
-# optimal opponent); 3. rl.py (CISPO) from the SFT model; 4. eval.py: teacher, SFT and RL model, greedy, against
-# the optimal and the random opponent, and the certificate (every opponent line); 5. OUT/report.md,
+# optimal opponent), each game starting up to OPENING rounds in; 3. rl.py (CISPO) from the SFT model on such games;
+# 4. eval.py: teacher, SFT and RL model, greedy, from the empty board, against the optimal and the random
+# opponent, and the certificate (every opponent line); 5. OUT/report.md,
 # OUT/results.json and OUT/rl/curves.png.
 set -euo pipefail
 cd "$(dirname "$0")"
