@@ -20,7 +20,7 @@ SHOW_CELLS=${SHOW_CELLS:-true}
 OPENING=${OPENING:-3}
 SFT_STEPS=${SFT_STEPS:-2200}
 RL_STEPS=${RL_STEPS:-20}  # ~10 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
-ENV="{\"show_cells\": $SHOW_CELLS}"  # the environment of every stage
+ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
 # endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
 SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
