@@ -246,7 +246,8 @@ class TicTacToe:
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
                  "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
-        moves = [] if state["model_first"] else [f"O {self._opponent(state)}"]
+        first = None if state["model_first"] else self._opponent(state)
+        moves = [] if first is None else [f"O {first}"]
         # the opening: up to `opening` rounds of the scripted player's X and the example's O, stopping before a
         # round that would end the game, so that the model always has a move to make
         for _ in range(stable_rng(example["seed"], "opening").randint(0, self.opening)):
@@ -265,7 +266,7 @@ class TicTacToe:
             return state, f"New game, from a position: the moves so far were {', '.join(moves)}.\n{self._show(state)}"
         if state["model_first"]:
             return state, f"New game. You are X and move first.\n{self._show(state)}"
-        return state, f"New game. The opponent (O) moved first and took cell {moves[0][2:]}.\n{self._show(state)}"
+        return state, f"New game. The opponent (O) moved first and took cell {first}.\n{self._show(state)}"
 
     def step(self, state, reply):
         """Apply the model's reply; return the next user message, or None when the game is over."""
