@@ -253,11 +253,11 @@ class TicTacToe:
         for _ in range(stable_rng(example["seed"], "opening").randint(0, self.opening)):
             board = state["board"]
             x = player_move(board)
-            state["board"] = play(board, x, "X")
-            if winner(state["board"]) is not None or len(free_cells(state["board"])) < 2:
-                state["board"] = board
+            after = play(board, x, "X")
+            if winner(after) is not None or len(free_cells(after)) < 2:
                 break
-            o = self._opponent(state)
+            state["board"] = after
+            o = self._opponent(state)  # plays on state["board"]: undone below if it ends the game
             if winner(state["board"]) is not None:
                 state["board"] = board
                 break

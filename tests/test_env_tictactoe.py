@@ -524,7 +524,7 @@ def test_opening_starts_from_a_reachable_position_with_the_moves_listed():
         board = EMPTY
         for who, cell in moves:
             if who == "X":
-                # the minimax player's own move (checked against the independent solver below)
+                # the minimax player's move (test_minimax_player_takes_immediate_wins_... checks it against the solver)
                 assert f"<move>{cell}</move>" in player({"board": board, "seed": ex["seed"]})
             board = board[:cell] + who + board[cell + 1:]
             assert my_winner(board) is None
