@@ -242,15 +242,19 @@ class TicTacToe:
         return rows
 
     def reset(self, example):
-        """An example may set "model_first" to override the seed's choice of who starts."""
+        """An example may set "model_first" to override the seed's choice of who starts, and "replies", a
+        {board: cell} map of the opponent's replies on those boards (a line replayed: `eval.py --certify` records
+        the lines a policy lost, `rl.py --exploit` trains on them); elsewhere the seeded opponent plays."""
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
+                 "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
                  "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         # the opening: up to `opening` rounds of the scripted player's X and the example's O, stopping before a
-        # round that would end the game, so that the model always has a move to make
-        for _ in range(stable_rng(example["seed"], "opening").randint(0, self.opening)):
+        # round that would end the game, so that the model always has a move to make; a replayed line has none
+        rounds = 0 if "replies" in example else stable_rng(example["seed"], "opening").randint(0, self.opening)
+        for _ in range(rounds):
             board = state["board"]
             x = player_move(board)
             after = play(board, x, "X")
@@ -342,8 +346,12 @@ class TicTacToe:
         board = state["board"]
         if self.opponent is not None:
             cell = self.opponent(state)
+        elif board in state["replies"]:
+            cell = state["replies"][board]
         else:
             cell = choose_move(board, "O", state["random_move_prob"], stable_rng(state["seed"], board))
+        if not (isinstance(cell, int) and 0 <= cell <= 8 and board[cell] == "."):
+            raise ValueError(f"the opponent's cell {cell!r} is not a free cell of {board!r}")
         state["board"] = play(board, cell, "O")
         return cell
 

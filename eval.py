@@ -129,7 +129,8 @@ def certify(env, policy, out=None, progress=True):
     Breadth-first: each level's unfinished lines go to the policy in one batch; after each valid model move
     the line branches over every free cell for the opponent. Returns a summary with lines_won / drawn / lost,
     optimal_move_rate over all model decisions, and the positions where the model lost a won or drawn game
-    or missed a forced win."""
+    or missed a forced win, each with the line that led there (model_first, and replies: the opponent's reply on
+    each board, which replays the line as an example, see env_tictactoe.reset)."""
     import env_tictactoe as ttt
     if not hasattr(env, "opponent"):
         raise SystemExit("--certify needs the tictactoe environment")
@@ -139,7 +140,9 @@ def certify(env, policy, out=None, progress=True):
         openings = [None] if model_first else range(9)
         for cell in openings:
             env.opponent = (lambda state, c=cell: c)
-            frontier.append(new_episode(env, {**ex, "model_first": model_first}))
+            ep = new_episode(env, {**ex, "model_first": model_first, "replies": {}})  # with replies: from the empty board
+            ep["line"] = {} if model_first else {"." * 9: cell}  # the opponent's replies so far
+            frontier.append(ep)
     lines, decisions, optimal, mistakes = [], 0, 0, []
     while frontier:
         replies = policy(frontier)
@@ -151,20 +154,23 @@ def certify(env, policy, out=None, progress=True):
             decisions += 1
             optimal += cell in best
             before = ttt.value(board, "X")
+            line = {"model_first": ep["example"]["model_first"], "replies": ep["line"]}
             if cell is None:
                 after_board, after = board, None
-                mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move"})
+                mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move", **line})
             else:
                 after_board = ttt.play(board, cell, "X")
                 w = ttt.winner(after_board)
                 after = 1 if w == "X" else 0 if w == "draw" else -ttt.value(after_board, "O")
                 if after < before:
                     mistakes.append({"board": board, "reply": reply[:200], "kind": "missed a forced win" if before == 1
-                                     else "lost a drawn position", "value_before": before, "value_after": after})
+                                     else "lost a drawn position", "value_before": before, "value_after": after, **line})
             branches = ttt.free_cells(after_board) if cell is not None and ttt.winner(after_board) is None else [None]
             for c in branches:
                 child = copy.deepcopy(ep)
                 env.opponent = (lambda state, c=c: c)
+                if c is not None:
+                    child["line"] = {**ep["line"], after_board: c}
                 if advance(env, child, reply):
                     lines.append(finish(env, child))
                 else:

@@ -15,6 +15,11 @@ One step:
      by the sampling temperature so the logprobs describe the sampled distribution;
   4. one optimizer step per batch (--minibatch / --ppo_epochs for several, where the importance ratio matters).
 
+--exploit N (tic-tac-toe): an exploiter opponent. Every N steps eval.certify plays the greedy policy against every
+opponent line; up to half of each step's examples then replay, from the empty board, the lines where it made a
+mistake (the opponent's moves scripted along the line, optimal after it), so the groups compare a repeat of the
+mistake with the other moves sampled there. The final certificate (eval.py --certify) still covers every line.
+
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
 cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
 
@@ -43,7 +48,7 @@ import time
 
 import torch
 
-from eval import evaluate_standard
+from eval import certify, evaluate_standard
 from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, rollout, show
 from sft import (add_train_args, checkpoint_to_resume, log_eval, log_line, lr_at, pad_batch, rng_state, save_checkpoint,
                  start_or_resume, token_logprobs, token_microbatches)
@@ -229,6 +234,9 @@ def main():
     p.add_argument("--ppo_epochs", type=int, default=1, help="passes over each batch")
     p.add_argument("--minibatch", type=int, default=0, help="episodes per optimizer step (0: the whole batch)")
     p.add_argument("--max_bad_steps", type=int, default=3, help="stop after this many non-finite updates in a row")
+    p.add_argument("--exploit", type=int, default=0, help="tictactoe: every N steps, certify the greedy policy (every opponent "
+                   "line, as eval.py --certify) and make up to half of each step's examples replays of the lines where it "
+                   "made a mistake, against an optimal opponent after the line: an exploiter (0: off)")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args()
     if args.batch % args.group:
@@ -249,6 +257,8 @@ def main():
     if "num_groups" in inspect.signature(importlib.import_module(f"env_{args.env}").load_environment).parameters:
         env_args.setdefault("num_groups", n_examples)
     env = load_env(args.env, env_args)
+    if args.exploit and not hasattr(env, "opponent"):
+        raise SystemExit(f"--exploit needs an environment with a certificate (tictactoe), not {args.env!r}")
 
     # ---- model
     model, tokenizer = load_model(args.out if resume else args.model, device)
@@ -271,16 +281,34 @@ def main():
             print(show(recs[0]))
 
     def save(step):
-        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state()},
+        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(), "exploit_lines": lines},
                         {"rl_args.json": vars(args)})
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
+    def exploit_lines():
+        """The lines where the greedy policy errs (its worst first), as examples that replay them from the empty board."""
+        summary, mistakes = certify(env, greedy, progress=False)
+        mistakes.sort(key=lambda m: m.get("value_after", -1))  # an invalid move counts as a loss
+        lines = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
+        print(f"exploit: the certificate at step {step} has {summary['lines_lost']} lost lines of {summary['lines']}, "
+              f"{len(lines)} mistakes to replay")
+        return lines, summary
+
     # ---- loop
+    lines = torch.load(os.path.join(args.out, "trainer_state.pt"), weights_only=False).get("exploit_lines") if resume else None
     while step < args.steps:
         t0 = time.time()
         # 1. rollouts: the data position is a function of the step, so a resumed run sees the same examples
         model.eval()
         examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step)
+        if args.exploit:
+            if step % args.exploit == 0 or lines is None:
+                lines, cert = exploit_lines()
+                log_line(step, {f"certify_{k}": v for k, v in cert.items()}, metrics_path)
+            # keep each example's seed (the opponent after a line's end), replay the lines in turn
+            k = min(len(lines), n_examples // 2)
+            for j in range(k):
+                examples[j].update(lines[(step * k + j) % len(lines)])
         tokens0 = policy.gen_tokens
         records = rollout(env, examples, policy, group=args.group, progress=False)
         t_gen = time.time() - t0

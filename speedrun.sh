@@ -3,11 +3,12 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, N_EVAL
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
-# optimal opponent), each game starting up to OPENING rounds in; 3. rl.py (CISPO) from the SFT model on such games;
+# optimal opponent), each game starting up to OPENING rounds in; 3. rl.py (CISPO) from the SFT model on such games
+# and, for half of each batch, on the lines where the certificate (re-run every EXPLOIT steps) shows it erring;
 # 4. eval.py: teacher, SFT and RL model, greedy, from the empty board, against the optimal and the random
 # opponent, and the certificate (every opponent line); 5. OUT/report.md,
 # OUT/results.json and OUT/rl/curves.png.
@@ -19,7 +20,9 @@ TEACHER_P=${TEACHER_P:-0.2}
 SHOW_CELLS=${SHOW_CELLS:-true}
 OPENING=${OPENING:-3}
 SFT_STEPS=${SFT_STEPS:-2200}
-RL_STEPS=${RL_STEPS:-20}  # ~10 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
+RL_STEPS=${RL_STEPS:-30}  # ~11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
+# an exploiter: every EXPLOIT RL steps, certify the greedy policy (~14 s) and replay the lines where it errs
+EXPLOIT=${EXPLOIT:-5}
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
 # endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
@@ -29,11 +32,11 @@ SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
 RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
-  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15"
+  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit 1"
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
-  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 3e-5 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15"
+  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 1e-4 --schedule cosine --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
 mkdir -p "$OUT"

@@ -344,3 +344,28 @@ def test_certificate(monkeypatch, tmp_path, capsys):
 def test_eval_cli_bad_env_args_is_a_clear_error(monkeypatch):
     with pytest.raises(SystemExit, match="not valid JSON"):
         _eval_main(monkeypatch, ["--model", "minimax", "-n", "1", "--env_args", "{max_turns: 3"])
+
+
+def test_certificate_lines_replay_as_examples():
+    """Each mistake comes with its line (model_first + the opponent's replies): as an example it replays from
+    the empty board to the mistake, even where the environment has an opening; after it the seeded opponent plays."""
+    env = sample.load_env("tictactoe", {"opening": 3})
+    first_free = lambda board: f"<think>The first free cell.</think><move>{board.index('.')}</move>"
+
+    class FirstFree:  # deterministic and weak: it loses lines moving first and second
+        gen_tokens = 0
+
+        def __call__(self, episodes):
+            return [first_free(ep["state"]["board"]) for ep in episodes]
+    summary, mistakes = eval_mod.certify(env, FirstFree(), progress=False)
+    assert summary["lines_lost"] > 0 and {m["model_first"] for m in mistakes} == {True, False}
+    for m in mistakes:
+        state, _ = env.reset({"seed": 7, "random_move_prob": 0.0, "model_first": m["model_first"], "replies": m["replies"]})
+        while state["board"] != m["board"]:
+            assert env.step(state, first_free(state["board"])) is not None, m
+        while env.step(state, first_free(state["board"])) is not None:
+            pass
+        if m["value_after"] == -1:  # the optimal opponent after the line wins what the mistake lost
+            assert state["winner"] == "O"
+    with pytest.raises(ValueError, match="not a free cell"):
+        env.reset({"seed": 7, "random_move_prob": 0.0, "model_first": False, "replies": {"." * 9: 9}})

@@ -166,3 +166,18 @@ def test_rl_smoke_and_exact_resume(tiny_model_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(a) is not None
+
+
+def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
+    """--exploit N: the certificate of the greedy policy at steps 0, N, 2N, ... is logged and its lines are
+    replayed; a run resumed between two certificates replays the same lines (kept in the trainer state)."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3}', "--exploit", "3"]
+    run_rl(tiny_model_dir, a, 4, extra, env_dir=str(tmp_path))
+    rows = [json.loads(line) for line in open(os.path.join(a, "metrics.jsonl"))]
+    cert = [r for r in rows if "certify_lines_lost" in r]
+    assert [r["step"] for r in cert] == [0, 3] and all(r["certify_mistakes"] > 0 for r in cert)
+    assert torch.load(os.path.join(a, "trainer_state.pt"), weights_only=False)["exploit_lines"]
+    run_rl(tiny_model_dir, b, 2, extra, env_dir=str(tmp_path))
+    run_rl(tiny_model_dir, b, 4, extra + ["--resume"], env_dir=str(tmp_path))
+    assert train_lines(b) == train_lines(a)
