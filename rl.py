@@ -203,6 +203,13 @@ def plot(metrics_path, png):
     ax.set_title("greedy evaluation")
     if evals:
         ax.legend(fontsize=7)
+    cert = [r for r in rows if "certify_lines_lost" in r]  # --exploit's certificates
+    if cert and len(axes) > len(keys) + 1:
+        ax = axes[len(keys) + 1]
+        for k in ("lines_lost", "mistakes"):
+            ax.plot([r["step"] for r in cert], [r[f"certify_{k}"] for r in cert], marker="o", label=k)
+        ax.set_title("certificate (greedy, every opponent line)")
+        ax.legend(fontsize=7)
     for ax in axes:
         ax.set_xlabel("step")
     fig.tight_layout()
@@ -297,15 +304,15 @@ def main():
     # ---- loop
     lines = torch.load(os.path.join(args.out, "trainer_state.pt"), weights_only=False).get("exploit_lines") if resume else None
     while step < args.steps:
+        model.eval()
+        if args.exploit and (step % args.exploit == 0 or lines is None):
+            t0 = time.time()
+            lines, cert = exploit_lines()
+            log_line(step, {**{f"certify_{k}": v for k, v in cert.items()}, "certify_s": time.time() - t0}, metrics_path)
         t0 = time.time()
         # 1. rollouts: the data position is a function of the step, so a resumed run sees the same examples
-        model.eval()
         examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step)
-        if args.exploit:
-            if step % args.exploit == 0 or lines is None:
-                lines, cert = exploit_lines()
-                log_line(step, {f"certify_{k}": v for k, v in cert.items()}, metrics_path)
-            # keep each example's seed (the opponent after a line's end), replay the lines in turn
+        if args.exploit:  # keep each example's seed (the opponent after a line's end), replay the lines in turn
             k = min(len(lines), n_examples // 2)
             for j in range(k):
                 examples[j].update(lines[(step * k + j) % len(lines)])
