@@ -243,7 +243,8 @@ def main():
     p.add_argument("--max_bad_steps", type=int, default=3, help="stop after this many non-finite updates in a row")
     p.add_argument("--exploit", type=int, default=0, help="tictactoe: every N steps, certify the greedy policy (every opponent "
                    "line, as eval.py --certify) and make up to half of each step's examples replays of the lines where it "
-                   "made a mistake, against an optimal opponent after the line: an exploiter (0: off)")
+                   "made a mistake, against an optimal opponent after the line: an exploiter; the weights with the best "
+                   "certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args()
     if args.batch % args.group:
@@ -288,27 +289,34 @@ def main():
             print(show(recs[0]))
 
     def save(step):
-        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(), "exploit_lines": lines},
+        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(),
+                                                   "exploit_lines": lines, "exploit_best": best},
                         {"rl_args.json": vars(args)})
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
-    def exploit_lines():
-        """The lines where the greedy policy errs (its worst first), as examples that replay them from the empty board."""
-        summary, mistakes = certify(env, greedy, progress=False)
+    def exploit(step):
+        """--exploit: certify the greedy policy; return the lines where it errs (its worst first) as examples that
+        replay them from the empty board. The weights with the best certificate so far go to DIR_best."""
+        nonlocal best
+        t0 = time.time()
+        cert, mistakes = certify(env, greedy, progress=False)
+        log_line(step, {**{f"certify_{k}": v for k, v in cert.items()}, "certify_s": time.time() - t0}, metrics_path)
         mistakes.sort(key=lambda m: m.get("value_after", -1))  # an invalid move counts as a loss
-        lines = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
-        print(f"exploit: the certificate at step {step} has {summary['lines_lost']} lost lines of {summary['lines']}, "
-              f"{len(lines)} mistakes to replay")
-        return lines, summary
+        key = [cert["lines_lost"], cert["mistakes"]]
+        if best is None or key <= best["key"]:  # a tie goes to the later, more trained weights
+            best = {"key": key, "step": step}
+            save_checkpoint(model, tokenizer, best_dir, {"step": step}, {"certificate.json": {"step": step, **cert}})
+        print(f"exploit: the certificate at step {step} has {cert['lines_lost']} lost lines of {cert['lines']} and "
+              f"{cert['mistakes']} mistakes to replay; the best so far: step {best['step']}, in {best_dir}")
+        return [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
 
     # ---- loop
-    lines = torch.load(os.path.join(args.out, "trainer_state.pt"), weights_only=False).get("exploit_lines") if resume else None
+    saved = torch.load(os.path.join(args.out, "trainer_state.pt"), weights_only=False) if resume else {}
+    lines, best, best_dir = saved.get("exploit_lines"), saved.get("exploit_best"), args.out.rstrip("/") + "_best"
     while step < args.steps:
         model.eval()
         if args.exploit and (step % args.exploit == 0 or lines is None):
-            t0 = time.time()
-            lines, cert = exploit_lines()
-            log_line(step, {**{f"certify_{k}": v for k, v in cert.items()}, "certify_s": time.time() - t0}, metrics_path)
+            lines = exploit(step)
         t0 = time.time()
         # 1. rollouts: the data position is a function of the step, so a resumed run sees the same examples
         examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step)
@@ -352,6 +360,9 @@ def main():
             save(step)
 
     # ---- final evaluation and save
+    if args.exploit:
+        model.eval()
+        exploit(step)
     run_eval(step)
     save(step)
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")

@@ -10,7 +10,8 @@
 # optimal opponent), each game starting up to OPENING rounds in; 3. rl.py (CISPO) from the SFT model on such games
 # and, for half of each batch, on the lines where the certificate (re-run every EXPLOIT steps) shows it erring;
 # 4. eval.py: teacher, SFT and RL model, greedy, from the empty board, against the optimal and the random
-# opponent, and the certificate (every opponent line); 5. OUT/report.md,
+# opponent, and the certificate (every opponent line), the RL model being the weights of the exploiter's best
+# certificate (OUT/rl_best); 5. OUT/report.md,
 # OUT/results.json and OUT/rl/curves.png.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -36,7 +37,7 @@ if [ "${QUICK:-0}" = "1" ]; then
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
-  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 1e-4 --schedule cosine --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
+  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 5e-5 --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
 mkdir -p "$OUT"
@@ -55,6 +56,8 @@ T_RL=$((SECONDS - T_SFT))
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 for who in teacher sft rl; do
   if [ $who = teacher ]; then M="minimax --random_move_prob $TEACHER_P"; else M="$OUT/$who"; fi
+  # the RL model: the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)
+  if [ $who = rl ] && [ -d "$OUT/rl_best" ]; then M="$OUT/rl_best"; fi
   # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
   python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 48 --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
     | grep -v "^certify: "
@@ -70,8 +73,11 @@ res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certific
 res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
 import torch
 res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
+best = os.path.join(out, "rl_best", "certificate.json")
+res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
 json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=2)
-name = {"teacher": f"teacher (minimax, random moves p={p})", "sft": "SFT model", "rl": "RL model"}
+name = {"teacher": f"teacher (minimax, random moves p={p})", "sft": "SFT model",
+        "rl": "RL model" + (f" (step {res['rl_step']}: the best certificate)" if res["rl_step"] is not None else "")}
 rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
 for w in ("teacher", "sft", "rl"):
     for o in ("random", "optimal"):

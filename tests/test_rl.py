@@ -176,8 +176,15 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     run_rl(tiny_model_dir, a, 4, extra, env_dir=str(tmp_path))
     rows = [json.loads(line) for line in open(os.path.join(a, "metrics.jsonl"))]
     cert = [r for r in rows if "certify_lines_lost" in r]
-    assert [r["step"] for r in cert] == [0, 3] and all(r["certify_mistakes"] > 0 for r in cert)
-    assert torch.load(os.path.join(a, "trainer_state.pt"), weights_only=False)["exploit_lines"]
+    assert [r["step"] for r in cert] == [0, 3, 4] and all(r["certify_mistakes"] > 0 for r in cert)  # 4: the end
+    state = torch.load(os.path.join(a, "trainer_state.pt"), weights_only=False)
+    assert state["exploit_lines"]
+    # DIR_best: the weights of the best certificate (fewest lost lines, then mistakes, the latest on a tie)
+    best = min(cert, key=lambda r: (r["certify_lines_lost"], r["certify_mistakes"], -r["step"]))
+    saved = json.loads(open(a + "_best/certificate.json").read())
+    assert saved["step"] == best["step"] == state["exploit_best"]["step"] and saved["lines_lost"] == best["certify_lines_lost"]
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(a + "_best") is not None
     run_rl(tiny_model_dir, b, 2, extra, env_dir=str(tmp_path))
     run_rl(tiny_model_dir, b, 4, extra + ["--resume"], env_dir=str(tmp_path))
     assert train_lines(b) == train_lines(a)
