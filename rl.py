@@ -18,7 +18,8 @@ One step:
 --exploit N (tic-tac-toe): an exploiter opponent. Every N steps eval.certify plays the greedy policy against every
 opponent line; up to half of each step's examples then replay, from the empty board, the lines where it made a
 mistake (the opponent's moves scripted along the line, optimal after it), so the groups compare a repeat of the
-mistake with the other moves sampled there. The final certificate (eval.py --certify) still covers every line.
+mistake with the other moves sampled there. A fix can break another line, so the weights of the best certificate
+(also checked after the last step) are kept in DIR_best: a model proved over every line, like eval.py --certify.
 
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
 cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
