@@ -21,8 +21,8 @@ TEACHER_P=${TEACHER_P:-0.2}
 SHOW_CELLS=${SHOW_CELLS:-true}
 OPENING=${OPENING:-3}
 SFT_STEPS=${SFT_STEPS:-2200}
-RL_STEPS=${RL_STEPS:-30}  # ~11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
-# an exploiter: every EXPLOIT RL steps, certify the greedy policy (~14 s) and replay the lines where it errs
+RL_STEPS=${RL_STEPS:-30}  # ~8 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
+# an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT=${EXPLOIT:-5}
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
@@ -33,7 +33,7 @@ SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
 RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
-  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit 1"
+  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
@@ -50,6 +50,7 @@ python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_
 T_SFT=$SECONDS
 
 stamp "3. RL from the SFT model"
+rm -rf "$OUT/rl_best"  # an earlier run's best weights must not stand in for this run's RL model
 python rl.py --model "$OUT/sft" $RL --env_args "$RL_ENV" --out "$OUT/rl" | tee "$OUT/rl.log"
 T_RL=$((SECONDS - T_SFT))
 
