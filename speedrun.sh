@@ -3,7 +3,7 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -16,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/speedrun}
+SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher's games, the RL examples
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
@@ -40,6 +41,8 @@ else
   RL="--batch 64 --group 8 --steps $RL_STEPS --lr 5e-5 --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
+SFT="$SFT --seed $SEED"
+RL="$RL --seed $SEED"
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 SECONDS=0
