@@ -206,8 +206,8 @@ class TicTacToe:
     system_prompt = SYSTEM_PROMPT
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
-    # opponent(state) -> cell overrides the minimax opponent (a human in `sample.py --play`, every reply in
-    # `eval.py --certify`); None is the seeded opponent described above.
+    # opponent(state) -> cell overrides the minimax opponent (a human in `sample.py --play`); None is the seeded
+    # opponent described above, or an example's "replies" where they name the board (`eval.py --certify`).
     opponent = None
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,

@@ -134,15 +134,11 @@ def certify(env, policy, out=None, progress=True):
     import env_tictactoe as ttt
     if not hasattr(env, "opponent"):
         raise SystemExit("--certify needs the tictactoe environment")
+    # each line is an example whose "replies" script the opponent (env_tictactoe.reset): from the empty board,
+    # the opponent's every move so far; a branch adds its next one
     ex = env.examples(1, seed=0)[0]
-    frontier = []
-    for model_first in (True, False):
-        openings = [None] if model_first else range(9)
-        for cell in openings:
-            env.opponent = (lambda state, c=cell: c)
-            ep = new_episode(env, {**ex, "model_first": model_first, "replies": {}})  # with replies: from the empty board
-            ep["line"] = {} if model_first else {"." * 9: cell}  # the opponent's replies so far
-            frontier.append(ep)
+    frontier = [new_episode(env, {**ex, "model_first": True, "replies": {}})]
+    frontier += [new_episode(env, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
     lines, decisions, optimal, mistakes = [], 0, 0, []
     while frontier:
         replies = policy(frontier)
@@ -154,7 +150,7 @@ def certify(env, policy, out=None, progress=True):
             decisions += 1
             optimal += cell in best
             before = ttt.value(board, "X")
-            line = {"model_first": ep["example"]["model_first"], "replies": ep["line"]}
+            line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
             if cell is None:
                 after_board, after = board, None
                 mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move", **line})
@@ -168,9 +164,8 @@ def certify(env, policy, out=None, progress=True):
             branches = ttt.free_cells(after_board) if cell is not None and ttt.winner(after_board) is None else [None]
             for c in branches:
                 child = copy.deepcopy(ep)
-                env.opponent = (lambda state, c=c: c)
                 if c is not None:
-                    child["line"] = {**ep["line"], after_board: c}
+                    child["state"]["replies"] = {**ep["state"]["replies"], after_board: c}
                 if advance(env, child, reply):
                     lines.append(finish(env, child))
                 else:
@@ -178,7 +173,6 @@ def certify(env, policy, out=None, progress=True):
         frontier = nxt
         if progress:
             print(f"certify: {len(lines)} lines finished, {len(frontier)} open")
-    env.opponent = None
     won = sum(r["metrics"]["win"] for r in lines)
     drawn = sum(r["metrics"]["draw"] for r in lines)
     summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn), "lines_lost": int(len(lines) - won - drawn),

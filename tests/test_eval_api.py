@@ -332,7 +332,7 @@ def test_certificate(monkeypatch, tmp_path, capsys):
     assert (tmp_path / "mm" / "lost_lines.jsonl").read_text() == ""
     env = sample.load_env("tictactoe")
     rnd, mistakes = eval_mod.certify(env, ScriptedPolicy(env, "random"), out=str(tmp_path / "rnd"), progress=False)
-    assert env.opponent is None, "certify restores the seeded opponent"
+    assert env.opponent is None, "certify leaves the seeded opponent in place"
     assert rnd["lines_lost"] > 100 and len(mistakes) == rnd["mistakes"] > 0
     assert rnd["optimal_move_rate"] < 0.9
     lost = read_jsonl(tmp_path / "rnd" / "lost_lines.jsonl")
