@@ -280,7 +280,10 @@ def main():
 
     # ---- optimizer (fp32 weights and state; bf16 autocast for the forward on a GPU)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
-    step, bad_steps = start_or_resume(args, opt, resume), 0
+    ts = start_or_resume(args, opt, resume)
+    step, bad_steps = ts["step"], 0
+    lines, best = ts.get("exploit_lines"), ts.get("exploit_best")  # --exploit's lines to replay and best certificate
+    del ts  # its optimizer state is in opt now: do not hold a second copy for the whole run
 
     def run_eval(step):
         model.eval()
@@ -312,8 +315,7 @@ def main():
         return [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
 
     # ---- loop
-    saved = torch.load(os.path.join(args.out, "trainer_state.pt"), weights_only=False) if resume else {}
-    lines, best, best_dir = saved.get("exploit_lines"), saved.get("exploit_best"), args.out.rstrip("/") + "_best"
+    best_dir = args.out.rstrip("/") + "_best"
     while step < args.steps:
         model.eval()
         if args.exploit and (step % args.exploit == 0 or lines is None):

@@ -196,12 +196,13 @@ def checkpoint_to_resume(args):
 
 def start_or_resume(args, opt, resume):
     """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint
-    and drop log lines written after it (they are redone). Returns the step to start from."""
+    and drop log lines written after it (they are redone). Returns the trainer state: its "step" is the step to
+    start from (0 for a fresh run), the rest what the script saved with it."""
     state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
     if not resume:
         if os.path.exists(metrics_path):
             os.remove(metrics_path)
-        return 0
+        return {"step": 0}
     ts = torch.load(state_path, weights_only=False)
     opt.load_state_dict(ts["optimizer"])
     set_rng_state(ts["rng"])
@@ -209,7 +210,7 @@ def start_or_resume(args, opt, resume):
         rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= ts["step"]]
         open(metrics_path, "w").writelines(rows)
     print(f"resumed from {args.out} at step {ts['step']}")
-    return ts["step"]
+    return ts
 
 
 def log_eval(step, results, path):
@@ -418,7 +419,7 @@ def main():
     steps_per_epoch = max(1, len(encoded) // args.batch)
     total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
-    step = start_or_resume(args, opt, resume)
+    step = start_or_resume(args, opt, resume)["step"]
 
     def batch_indices(step):
         """The data position is a pure function of the step: epoch e is a permutation seeded by (seed, e)."""
