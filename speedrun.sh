@@ -87,10 +87,15 @@ for w in ("teacher", "sft", "rl"):
     for o in ("random", "optimal"):
         s = res[w][o]
         rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
-cert = ["| model | lines | won | drawn | lost | optimal moves |", "|---|---|---|---|---|---|"]
+cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves |", "|---|---|---|---|---|---|---|"]
 for w in ("teacher", "sft", "rl"):
     c = res[w]["certificate"]
-    cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | {c['optimal_move_rate']:.1%} |")
+    cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | "
+                f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} |")
+# where the RL model still errs: the certificate's positions (board row by row, X = the model)
+errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
+shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
+         f"`{' '.join(m['reply'].split())}`" for m in errs[:20]]
 n = res["rl"]["optimal"]["n"]
 report = f"""# speedrun report
 
@@ -101,6 +106,9 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 
 ## Certificate: the greedy policy against every opponent line (moving first and second)
 {chr(10).join(cert)}
+
+The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} here, all in {out}/eval/rl/certify/certificate.json)
+{chr(10).join(shown) or "- none: every decision is minimax-optimal"}
 
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
