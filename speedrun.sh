@@ -22,7 +22,7 @@ TEACHER_P=${TEACHER_P:-0.2}
 SHOW_CELLS=${SHOW_CELLS:-true}
 OPENING=${OPENING:-3}
 SFT_STEPS=${SFT_STEPS:-2200}
-RL_STEPS=${RL_STEPS:-30}  # ~8 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
+RL_STEPS=${RL_STEPS:-45}  # ~8-11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT=${EXPLOIT:-5}
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
