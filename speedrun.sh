@@ -107,8 +107,9 @@ Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evalu
 ## Certificate: the greedy policy against every opponent line (moving first and second)
 {chr(10).join(cert)}
 
-The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} here, all in {out}/eval/rl/certify/certificate.json)
-{chr(10).join(shown) or "- none: every decision is minimax-optimal"}
+{f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
+ if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal."}
+{chr(10).join(shown)}
 
 ## Commands
     python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft

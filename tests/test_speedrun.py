@@ -20,7 +20,7 @@ def test_quick_speedrun(tmp_path):
         assert cert["lines"] == cert["lines_won"] + cert["lines_drawn"] + cert["lines_lost"] > 0
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
-    assert "| RL model (step " in report and "Certificate" in report
+    assert "| RL model (step " in report and "Certificate" in report and "| mistaken decisions |" in report
     assert os.path.exists(os.path.join(out, "rl", "model.safetensors"))
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
