@@ -350,7 +350,7 @@ class TicTacToe:
             cell = state["replies"][board]
         else:
             cell = choose_move(board, "O", state["random_move_prob"], stable_rng(state["seed"], board))
-        if not (isinstance(cell, int) and 0 <= cell <= 8 and board[cell] == "."):
+        if not (isinstance(cell, int) and cell in free_cells(board)):
             raise ValueError(f"the opponent's cell {cell!r} is not a free cell of {board!r}")
         state["board"] = play(board, cell, "O")
         return cell
