@@ -298,6 +298,8 @@ def main():
                         {"rl_args.json": vars(args)})
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
+    best_dir = args.out.rstrip("/") + "_best"  # --exploit: the weights of the best certificate
+
     def exploit(step):
         """--exploit: certify the greedy policy; return the lines where it errs (its worst first) as examples that
         replay them from the empty board. The weights with the best certificate so far go to DIR_best."""
@@ -315,7 +317,6 @@ def main():
         return [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
 
     # ---- loop
-    best_dir = args.out.rstrip("/") + "_best"
     while step < args.steps:
         model.eval()
         if args.exploit and (step % args.exploit == 0 or lines is None):
