@@ -21,10 +21,8 @@ TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 OPENING=${OPENING:-3}
-# SFT is kept short enough that the SFT model still errs (here it loses games against the optimal opponent) and
-# RL, given the time saved, learns the rest: 2,200 SFT steps left RL almost nothing to improve (docs/HISTORY.md)
-SFT_STEPS=${SFT_STEPS:-1600}
-RL_STEPS=${RL_STEPS:-60}  # ~10-13 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
+SFT_STEPS=${SFT_STEPS:-2200}
+RL_STEPS=${RL_STEPS:-45}  # ~8-11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT=${EXPLOIT:-5}
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
