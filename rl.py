@@ -270,7 +270,7 @@ def main():
         raise SystemExit(f"--exploit needs an environment with a certificate (tictactoe), not {args.env!r}")
 
     # ---- model
-    model, tokenizer = load_model(args.out if resume else args.model, device)
+    model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
     if args.grad_ckpt:
         model.gradient_checkpointing_enable()
@@ -278,7 +278,7 @@ def main():
     greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
 
-    # ---- optimizer (fp32 weights and state; bf16 autocast for the forward on a GPU)
+    # ---- optimizer (fp32 weights and state, load_model(train=True); bf16 autocast for the forward on a GPU)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
     ts = start_or_resume(args, opt, resume)
     step, bad_steps = ts["step"], 0

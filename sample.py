@@ -78,8 +78,15 @@ def pick_device(device="auto"):
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
-def load_model(path, device="auto"):
-    """(model, tokenizer) from a hub id or a save_pretrained directory; bf16 on a GPU, fp32 on CPU, SDPA."""
+def weights_dtype(device, train=False):
+    return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
+
+
+def load_model(path, device="auto", train=False):
+    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling and
+    evaluation, fp32 on CPU and wherever the model is trained (train=True): an AdamW update at RL's learning rates
+    is smaller than bf16's rounding step for most weights and would be lost, so training keeps fp32 weights and runs
+    its forward under bf16 autocast."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
@@ -87,7 +94,7 @@ def load_model(path, device="auto"):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32, attn_implementation="sdpa")
+            path, dtype=weights_dtype(device, train), attn_implementation="sdpa")
     except (OSError, ValueError) as e:
         hint = ("it is not a local directory and could not be fetched from the hub (no network?). Pass a directory "
                 "saved with save_pretrained (e.g. out/sft), or build one offline with `python sft.py --model scratch`"
@@ -233,10 +240,12 @@ class HFPolicy:
                 cache.update(K, V, layer)
         record = _RecordLogprobs(self.temp)
         sampling = dict(do_sample=True, temperature=self.temp, top_p=self.top_p, top_k=0) if self.temp > 0 else dict(do_sample=False)
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
-            max_new_tokens=self.max_new_tokens, eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id,
-            logits_processor=[record], return_dict_in_generate=True, **sampling)
+        # a model being trained keeps fp32 weights (load_model): on a GPU it samples under bf16 autocast, as it trains
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
+                max_new_tokens=self.max_new_tokens, eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id,
+                logits_processor=[record], return_dict_in_generate=True, **sampling)
         new = out.sequences[:, width:].cpu()  # (B, L)
         record.collect(out.sequences[:, -1])
         logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)

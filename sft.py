@@ -403,7 +403,7 @@ def main():
         model_path = build_scratch(os.path.join(args.out + "_init"), env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
     else:
         model_path = args.model
-    model, tokenizer = load_model(model_path, device)
+    model, tokenizer = load_model(model_path, device, train=True)
     chat = ChatTokens(tokenizer, env.system_prompt)
     encoded = [chat.encode_conversation(c) for c in convs]
     dropped = sum(len(ids) > args.max_len for ids, _ in encoded)

@@ -455,6 +455,21 @@ def test_load_model_errors(tmp_path, no_template_model_dir):
         sample.load_model(no_template_model_dir, device="cpu")
 
 
+def test_weights_dtype_keeps_trained_weights_fp32():
+    assert sample.weights_dtype("cuda") == torch.bfloat16  # sampling and evaluation on a GPU
+    assert sample.weights_dtype("cuda:0", train=True) == sample.weights_dtype("cpu") == torch.float32
+    # why: one AdamW step at RL's learning rate moves each weight by ~lr, below bf16's rounding step for most weights
+    w = torch.randn(4096) * 0.05
+    moved = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        p = torch.nn.Parameter(w.clone().to(dtype))
+        opt = torch.optim.AdamW([p], lr=5e-5, weight_decay=0.0)
+        p.grad = torch.randn(4096).to(dtype)
+        opt.step()
+        moved[dtype] = (p.detach() != w.to(dtype)).float().mean().item()
+    assert moved[torch.float32] == 1.0 and moved[torch.bfloat16] < 0.5, moved
+
+
 def test_make_policy_kinds(tiny_model_dir, ttt_env):
     assert isinstance(sample.make_policy("minimax", ttt_env), ScriptedPolicy)
     assert isinstance(sample.make_policy("random", ttt_env), ScriptedPolicy)
