@@ -105,7 +105,8 @@ def load_model(path, device="auto", train=False):
                          "and save it (sft.py --model scratch writes one)")
     if device.startswith("cuda"):
         # cuDNN's attention builds a new plan for every new shape, ~11 ms of CPU each (measured on an H100): in a
-        # rollout the keys grow by one every token, so it took 85% of the time with the GPU idle. Flash/efficient don't.
+        # rollout the keys grow by one every token, so it took over 80% of the time, the GPU idle. Flash and
+        # memory-efficient attention don't.
         torch.backends.cuda.enable_cudnn_sdp(False)
     return model.to(device).eval(), tokenizer
 
