@@ -197,6 +197,10 @@ class HFPolicy:
         self.reuse_cache = reuse_cache  # switched off by the first cache that is not plain full attention
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
+        # on a GPU, sample under bf16 autocast, as the model trains (a model being trained keeps fp32 weights,
+        # load_model), and keep the KV cache in bf16: fp32 keys doubled it, and a 1.7B model at batch 256 ran out
+        # of an H100's memory in its rollout
+        self.autocast = model.device.type == "cuda"
 
     def __call__(self, episodes):
         for ep in episodes:  # bring each trajectory up to the generation prompt of this turn
@@ -242,11 +246,11 @@ class HFPolicy:
                 for b, (ep, k) in enumerate(zip(episodes, kv_lens)):
                     if k:
                         K[b, :, C - k:], V[b, :, C - k:] = ep["kv"][layer]
+                        ep["kv"][layer] = None  # in the batch's cache now: do not hold it twice
                 cache.update(K, V, layer)
         record = _RecordLogprobs(self.temp)
         sampling = dict(do_sample=True, temperature=self.temp, top_p=self.top_p, top_k=0) if self.temp > 0 else dict(do_sample=False)
-        # a model being trained keeps fp32 weights (load_model): on a GPU it samples under bf16 autocast, as it trains
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
                 max_new_tokens=self.max_new_tokens, eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id,
@@ -256,15 +260,14 @@ class HFPolicy:
         logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)
         kept = self._cache_layers(out.past_key_values)
         encoded = kept[0][0].shape[2] if kept else 0  # columns in the cache: the last sampled token never went in
-        replies = []
+        replies, cols = [], []
         for b, ep in enumerate(episodes):
             toks, lps = new[b].tolist(), logprobs[b].tolist()
             stop = next((i for i, t in enumerate(toks) if t in self.chat.stop_ids), None)
             toks, lps = (toks[:stop + 1], lps[:stop + 1]) if stop is not None else (toks, lps)
             if kept:  # this episode's encoded tokens: its unmasked input columns + its reply, as far as encoded
-                cols = torch.cat([attention[b].nonzero().squeeze(1), width + torch.arange(len(toks))])
-                cols = cols[cols < encoded].to(device)
-                ep["kv"], ep["kv_len"] = [(K[b][:, cols], V[b][:, cols]) for K, V in kept], len(cols)
+                c = torch.cat([attention[b].nonzero().squeeze(1), width + torch.arange(len(toks))])
+                cols.append(c[c < encoded].to(device))
             self.gen_tokens += len(toks)
             ep["ids"] += toks
             ep["mask"] += [1] * len(toks)
@@ -275,6 +278,15 @@ class HFPolicy:
                 ep["logprobs"].append(0.0)
             ep["truncated"] = ep.get("truncated", 0) + (stop is None)
             replies.append(self.tokenizer.decode(toks[:stop] if stop is not None else toks, skip_special_tokens=True))
+        if kept:  # each episode's own cache, in bf16 under autocast (the keys of fp32 weights come out in fp32)
+            dt = torch.bfloat16 if self.autocast else self.model.dtype
+            for ep, c in zip(episodes, cols):
+                ep["kv"], ep["kv_len"] = [], len(c)
+            for layer in range(len(kept)):  # layer by layer, each freed once copied: never two copies of it all
+                K, V = kept[layer]
+                for b, (ep, c) in enumerate(zip(episodes, cols)):
+                    ep["kv"].append((K[b][:, c].to(dt), V[b][:, c].to(dt)))
+                kept[layer] = out.past_key_values.layers[layer] = K = V = None
         return replies
 
     def _cache_layers(self, cache):

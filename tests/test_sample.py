@@ -319,6 +319,28 @@ def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, t
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
 
 
+def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
+    """On a GPU a policy samples under bf16 autocast (policy.autocast; CPU autocast runs the same code here): each
+    episode's cache is kept in bf16, not in the fp32 that the keys of fp32 weights come out in, and continuing it
+    gives the replies that re-encoding gives."""
+    model, tok = sharp_model
+    runs, dtypes = {}, set()
+    for reuse in (True, False):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
+        policy.autocast, generate = True, policy._generate
+
+        def spy(episodes):
+            replies = generate(episodes)
+            dtypes.update(t.dtype for ep in episodes for kv in ep.get("kv", []) for t in kv)
+            return replies
+        policy._generate = spy
+        runs[reuse] = rollout(short_env, short_env.examples(6, seed=11), policy, progress=False)
+    assert dtypes == {torch.bfloat16} and next(model.parameters()).dtype == torch.float32
+    assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
+    for a, b in zip(runs[True], runs[False]):
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=0.1, rtol=0)
+
+
 def test_roomy_cache_layer_matches_concatenation():
     """The in-place cache layer returns exactly what torch.cat would, also when it outgrows its capacity."""
     layer, parts = sample._roomy_layer()(capacity=2), []
