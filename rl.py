@@ -329,7 +329,11 @@ def main():
             for j in range(k):
                 examples[j].update(lines[(step * k + j) % len(lines)])
         tokens0 = policy.gen_tokens
-        records = rollout(env, examples, policy, group=args.group, progress=False)
+        try:
+            records = rollout(env, examples, policy, group=args.group, progress=False)
+        except torch.OutOfMemoryError as e:  # each episode's KV cache grows with every turn: say what to turn down
+            raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per generate() call, now "
+                             f"{args.gen_batch}) or --max_new_tokens ({args.max_new_tokens}).\n  ({str(e)[:200]})") from e
         t_gen = time.time() - t0
         # 2. advantages: reward minus the mean of the example's group
         rewards = torch.tensor([r["reward"] for r in records]).view(n_examples, args.group)  # (E, G)
@@ -343,7 +347,11 @@ def main():
             g["lr"] = lr
         model.train()
         t1 = time.time()
-        stats = update(model, records, adv, args, opt, amp, ref_model)
+        try:
+            stats = update(model, records, adv, args, opt, amp, ref_model)
+        except torch.OutOfMemoryError as e:
+            raise SystemExit(f"out of GPU memory in the update: lower --token_budget (tokens per micro-batch, now "
+                             f"{args.token_budget}) or add --grad_ckpt.\n  ({str(e)[:200]})") from e
         t_train = time.time() - t1
         step += 1
         bad_steps = bad_steps + 1 if stats["skipped"] else 0

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from rl import policy_loss, token_logprobs
@@ -188,3 +189,16 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     run_rl(tiny_model_dir, b, 2, extra, env_dir=str(tmp_path))
     run_rl(tiny_model_dir, b, 4, extra + ["--resume"], env_dir=str(tmp_path))
     assert train_lines(b) == train_lines(a)
+
+
+@pytest.mark.parametrize("where, knob", [("rollout", "--gen_batch"), ("update", "--token_budget")])
+def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch, where, knob):
+    import rl
+
+    def oom(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 990.00 MiB.")
+    monkeypatch.setattr(rl, where, oom)
+    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "1",
+                                      "--max_new_tokens", "4", "--eval_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
+    with pytest.raises(SystemExit, match=f"out of GPU memory in the {where}.*{knob}"):
+        rl.main()
