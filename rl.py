@@ -54,6 +54,22 @@ from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, 
 from sft import (add_train_args, checkpoint_to_resume, log_eval, log_line, lr_at, pad_batch, rng_state, save_checkpoint,
                  start_or_resume, token_logprobs, token_microbatches)
 
+# ----------------------------------------------------------------------------- group advantages
+
+
+def group_advantages(rewards, group, scale_rewards="none"):
+    """Advantages (B,) of the B = E * group episodes of a step, laid out as `rollout` returns them: example by
+    example, the `group` rollouts of one example side by side.
+
+    A = R - mean(R of the episode's group); --scale_rewards group also divides by the group's standard deviation
+    (with Bessel's correction, as torch.std and TRL; + 1e-4 so that a group of equal rewards gives 0, not NaN)."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float).view(-1, group)  # (E, G)
+    adv = rewards - rewards.mean(1, keepdim=True)
+    if scale_rewards == "group":
+        adv = adv / (rewards.std(1, keepdim=True) + 1e-4)
+    return adv.flatten()  # (B,)
+
+
 # ----------------------------------------------------------------------------- the loss
 
 
@@ -88,12 +104,22 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
 # ----------------------------------------------------------------------------- one update
 
 
+def loss_weights(n_tokens, loss_agg):
+    """The weight of each loss token, per episode, from the episodes' loss-token counts: token-level averaging
+    (DAPO, CISPO) gives every token of the batch 1 / (loss tokens in the batch); per-sequence averaging (GRPO)
+    gives 1 / (tokens of its episode * episodes in the batch). Every episode of the batch counts, also one whose
+    advantage is 0 and which the update therefore skips. Several optimizer steps per batch (--minibatch) keep
+    these whole-batch weights."""
+    if loss_agg == "token":
+        return [1.0 / max(sum(n_tokens), 1)] * len(n_tokens)
+    return [1.0 / (max(t, 1) * len(n_tokens)) for t in n_tokens]
+
+
 def update(model, records, adv, args, opt, amp, ref_model=None):
     """The gradient steps of one batch. records: rollouts with ids/mask; adv: (len(records),) advantages."""
     n_seq = len(records)
     n_tok = [sum(r["mask"][1:]) for r in records]
-    # per-token weights: token-level averaging over the whole batch, or per-episode then over episodes
-    weights = [1.0 / max(sum(n_tok), 1)] * n_seq if args.loss_agg == "token" else [1.0 / (max(t, 1) * n_seq) for t in n_tok]
+    weights = loss_weights(n_tok, args.loss_agg)
     train = [i for i in range(n_seq) if n_tok[i] and (adv[i] != 0 or args.beta > 0)]
     minibatch = args.minibatch or n_seq
     groups = [[i for i in train if lo <= i < lo + minibatch] for lo in range(0, n_seq, minibatch)]
@@ -250,6 +276,8 @@ def main():
     args = p.parse_args()
     if args.batch % args.group:
         raise SystemExit(f"--batch {args.batch} must be a multiple of --group {args.group}")
+    if args.group < 2:
+        raise SystemExit(f"--group {args.group}: the advantage compares rollouts of the same example, so it needs at least 2")
 
     # ---- setup
     t_start = time.time()
@@ -336,11 +364,7 @@ def main():
                              f"{args.gen_batch}) or --max_new_tokens ({args.max_new_tokens}).\n  ({str(e)[:200]})") from e
         t_gen = time.time() - t0
         # 2. advantages: reward minus the mean of the example's group
-        rewards = torch.tensor([r["reward"] for r in records]).view(n_examples, args.group)  # (E, G)
-        adv = rewards - rewards.mean(1, keepdim=True)
-        if args.scale_rewards == "group":
-            adv = adv / (rewards.std(1, keepdim=True) + 1e-4)
-        adv = adv.flatten()  # (batch,) in the order of records
+        adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)  # (batch,)
         # 3-4. loss on the sampled tokens and the optimizer step(s)
         lr = lr_at(step, args.lr, args.warmup, args.steps, args.schedule)
         for g in opt.param_groups:
