@@ -30,11 +30,6 @@ import re
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 CORNERS, EDGES, CENTRE = (0, 2, 6, 8), (1, 3, 5, 7), 4
-# The scripted minimax PLAYER's style (never the opponent's): one move per board, so that a student copies one
-# consistent style (greedy, it meets 383 distinct positions against every opponent line; a player choosing
-# uniformly among optimal moves meets 3,052). Of its optimal moves it takes the one with the best chance to win
-# against a random opponent (`chance_vs_random`), ties broken by this order.
-PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
 def other(player):
@@ -92,6 +87,43 @@ def threats(board, player):
     return [c for c in free_cells(board) if winner(play(board, c, player)) == player]
 
 
+def render(board):
+    """The board with free cells shown as their numbers, e.g. 'X|1|2\\n3|O|5\\n6|7|8'."""
+    cells = [c if c != "." else str(i) for i, c in enumerate(board)]
+    return "\n".join("|".join(cells[r * 3:r * 3 + 3]) for r in range(3))
+
+
+# ----------------------------------------------------------------------------- the opponent
+
+
+def stable_rng(*parts):
+    """An RNG seeded by a stable hash of `parts` (Python's hash() changes between processes)."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def choose_move(board, player, random_move_prob, rng):
+    """Random free cell with probability random_move_prob, else a uniform choice among all optimal moves."""
+    if rng.random() < random_move_prob:
+        return rng.choice(free_cells(board))
+    return rng.choice(best_moves(board, player))
+
+
+def opponent_move(board, seed, random_move_prob):
+    """The seeded opponent's reply (O) on `board`: a pure function of (board, example seed, skill), so two rollouts
+    of one example that reach the same position see the same reply, in any process."""
+    return choose_move(board, "O", random_move_prob, stable_rng(seed, board))
+
+
+# ----------------------------------------------------------------------------- the scripted player (teacher, baseline)
+
+# The scripted minimax PLAYER's style (never the opponent's): one move per board, so that a student copies one
+# consistent style (greedy, it meets 383 distinct positions against every opponent line; a player choosing
+# uniformly among optimal moves meets 3,052). Of its optimal moves it takes the one with the best chance to win
+# against a random opponent (`chance_vs_random`), ties broken by this order.
+PREFERENCE = (CENTRE, *CORNERS, *EDGES)
+
+
 def safe_moves(board):
     """X's immediate wins, else all of X's minimax-optimal moves: the scripted minimax player's candidates."""
     return threats(board, "X") or best_moves(board, "X")
@@ -117,19 +149,6 @@ def player_move(board):
     return max(safe_moves(board), key=lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c)))
 
 
-def stable_rng(*parts):
-    """An RNG seeded by a stable hash of `parts` (Python's hash() changes between processes)."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
-def choose_move(board, player, random_move_prob, rng):
-    """Random free cell with probability random_move_prob, else a uniform choice among all optimal moves."""
-    if rng.random() < random_move_prob:
-        return rng.choice(free_cells(board))
-    return rng.choice(best_moves(board, player))
-
-
 def explain(board, cell, player):
     """A short, true reasoning for playing `cell` (the scripted players' <think>): first where each side could
     complete a line now, then why this cell."""
@@ -151,12 +170,6 @@ def _reason(board, cell, player):
         return f"Cell {cell} makes a threat at {threats(after, player)[0]}."
     kind = "the centre" if cell == CENTRE else "a corner" if cell in CORNERS else "an edge"
     return f"I take {kind}, cell {cell}."
-
-
-def render(board):
-    """The board with free cells shown as their numbers, e.g. 'X|1|2\\n3|O|5\\n6|7|8'."""
-    cells = [c if c != "." else str(i) for i, c in enumerate(board)]
-    return "\n".join("|".join(cells[r * 3:r * 3 + 3]) for r in range(3))
 
 
 # ----------------------------------------------------------------------------- parsing untrusted replies
@@ -206,30 +219,26 @@ class TicTacToe:
     system_prompt = SYSTEM_PROMPT
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
-    # opponent(state) -> cell overrides the minimax opponent (a human in `sample.py --play`); None is the seeded
-    # opponent described above, or an example's "replies" where they name the board (`eval.py --certify`).
-    opponent = None
-
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0):
-        for name, p in [("min_random_move_prob", min_random_move_prob), ("max_random_move_prob", max_random_move_prob)]:
-            if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name}={p!r}: must be a probability in [0, 1]")
-        if min_random_move_prob > max_random_move_prob:
-            raise ValueError(f"min_random_move_prob={min_random_move_prob} > max_random_move_prob={max_random_move_prob}")
-        if not isinstance(num_groups, int) or num_groups < 1:
-            raise ValueError(f"num_groups={num_groups!r}: must be a positive integer")
-        if not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"max_turns={max_turns!r}: must be a positive integer")
-        if not isinstance(invalid_penalty, (int, float)) or not 0 <= invalid_penalty < float("inf"):
-            raise ValueError(f"invalid_penalty={invalid_penalty!r}: must be a number >= 0")
-        if not isinstance(show_cells, bool):
-            raise ValueError(f"show_cells={show_cells!r}: must be true or false")
-        self.lo, self.hi, self.num_groups, self.max_turns = min_random_move_prob, max_random_move_prob, num_groups, max_turns
-        self.invalid_penalty, self.show_cells = invalid_penalty, show_cells
-        if not isinstance(opening, int) or opening < 0:
-            raise ValueError(f"opening={opening!r}: must be an integer >= 0")
-        self.opening = opening
+                 show_cells=False, opening=0, opponent=None):
+        lo, hi = min_random_move_prob, max_random_move_prob
+        number = lambda x: isinstance(x, (int, float))
+        for name, value, ok, must in [
+                ("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
+                ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
+                ("min_random_move_prob", lo, number(lo) and number(hi) and lo <= hi, f"at most max_random_move_prob={hi}"),
+                ("num_groups", num_groups, isinstance(num_groups, int) and num_groups >= 1, "a positive integer"),
+                ("max_turns", max_turns, isinstance(max_turns, int) and max_turns >= 1, "a positive integer"),
+                ("invalid_penalty", invalid_penalty, number(invalid_penalty) and 0 <= invalid_penalty < float("inf"), "a number >= 0"),
+                ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
+                ("opening", opening, isinstance(opening, int) and opening >= 0, "an integer >= 0")]:
+            if not ok:
+                raise ValueError(f"{name}={value!r}: must be {must}")
+        self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
+        self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
+        # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
+        # None: an example's "replies" where they name the board (a replayed line), else `opponent_move`
+        self.opponent = opponent
 
     def examples(self, n, seed=0):
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
@@ -332,6 +341,18 @@ class TicTacToe:
         """A human-readable picture of the final state, for transcripts."""
         return f"{render(state['board'])}\nresult: {state['winner'] or 'cut off'}"
 
+    # --- rl.py --exploit's hook
+    def exploit(self, policy):
+        """Certify the greedy `policy` against every opponent line (eval.certify) and return (summary, rank, examples):
+        the certificate's numbers, its rank (lost lines, then mistaken decisions; lower is better), and for each
+        mistake, the worst first (an invalid move counts as a loss), the example fields that replay its line from
+        the empty board, the optimal opponent playing after it."""
+        from eval import certify  # it plays the policy through the rollout engine
+        summary, mistakes = certify(self, policy, progress=False)
+        mistakes.sort(key=lambda m: m.get("value_after", -1))
+        replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
+        return summary, (summary["lines_lost"], summary["mistakes"]), replays
+
     # --- internals
     def _show(self, state):
         board = state["board"]
@@ -349,7 +370,7 @@ class TicTacToe:
         elif board in state["replies"]:
             cell = state["replies"][board]
         else:
-            cell = choose_move(board, "O", state["random_move_prob"], stable_rng(state["seed"], board))
+            cell = opponent_move(board, state["seed"], state["random_move_prob"])
         if not (isinstance(cell, int) and cell in free_cells(board)):
             raise ValueError(f"the opponent's cell {cell!r} is not a free cell of {board!r}")
         state["board"] = play(board, cell, "O")
@@ -363,7 +384,7 @@ class TicTacToe:
 
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                     show_cells=False, opening=0):
+                     show_cells=False, opening=0, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -371,5 +392,7 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     side's cells under the board ("You (X): 4. Opponent (O): 2 5."), an easier read for a model from scratch;
     opening: start each game after up to this many rounds (the number drawn per example, 0 included) of the
     scripted minimax player's X and the example's own O, listed in the first message ("the moves so far were
-    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter."""
-    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening)
+    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter; opponent: a function
+    state -> cell that replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
+    return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
+                     opponent)

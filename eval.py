@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from sample import add_policy_args, parse_env_args, advance, finish, load_env, new_episode, policy_from_args, rollout, show
+from common import load_env, parse_env_args
+from sample import add_policy_args, advance, finish, new_episode, policy_from_args, rollout, show
 
 from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
 
@@ -132,7 +133,7 @@ def certify(env, policy, out=None, progress=True):
     or missed a forced win, each with the line that led there (model_first, and replies: the opponent's reply on
     each board, which replays the line as an example, see env_tictactoe.reset)."""
     import env_tictactoe as ttt
-    if not hasattr(env, "opponent"):
+    if not isinstance(env, ttt.TicTacToe):
         raise SystemExit("--certify needs the tictactoe environment")
     # each line is an example whose "replies" script the opponent (env_tictactoe.reset): from the empty board,
     # the opponent's every move so far; a branch adds its next one
@@ -190,6 +191,67 @@ def certify(env, policy, out=None, progress=True):
     return summary, mistakes
 
 
+# ----------------------------------------------------------------------------- the speedrun's report
+
+
+def write_report(out, times, teacher_p, sft_args, rl_args, env_args):
+    """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
+    {optimal,random,certify}; times = (SFT, RL, total) in seconds; the arguments name the run's recipe."""
+    import platform
+    t_sft, t_rl, t_all = times
+    load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
+    res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
+    res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
+    res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
+    best = os.path.join(out, "rl_best", "certificate.json")
+    res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    name = {"teacher": f"teacher (minimax, random moves p={teacher_p})", "sft": "SFT model",
+            "rl": "RL model" + (f" (step {res['rl_step']}: the best certificate)" if res["rl_step"] is not None else "")}
+    rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
+    for w in ("teacher", "sft", "rl"):
+        for o in ("random", "optimal"):
+            s = res[w][o]
+            rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
+    cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves |", "|---|---|---|---|---|---|---|"]
+    for w in ("teacher", "sft", "rl"):
+        c = res[w]["certificate"]
+        cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | "
+                    f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} |")
+    # where the RL model still errs: the certificate's positions (board row by row, X = the model)
+    errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
+    shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
+             f"`{' '.join(m['reply'].split())}`" for m in errs[:20]]
+    n = res["rl"]["optimal"]["n"]
+    errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
+              if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
+    nl = "\n"
+    report = f"""# speedrun report
+
+Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s.
+
+## Greedy play, {n} games per opponent
+{nl.join(rows)}
+
+## Certificate: the greedy policy against every opponent line (moving first and second)
+{nl.join(cert)}
+
+{errors}
+{nl.join(shown)}
+
+## Commands
+    python sft.py --model scratch --teacher minimax --teacher_random_prob {teacher_p} {sft_args} --out {out}/sft
+    python rl.py --model {out}/sft {rl_args} --out {out}/rl
+    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 48 --env_args '{env_args}' --out {out}/eval/WHO
+
+Training curves: {out}/rl/curves.png
+"""
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -205,7 +267,15 @@ def main():
     p.add_argument("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
     p.add_argument("--certify", action="store_true", help="tictactoe: play the greedy policy against every opponent line")
     p.add_argument("--show", type=int, default=2, help="transcripts to print")
+    p.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md and OUT/results.json from the "
+                   "evaluations speedrun.sh left in OUT/eval (no model is loaded); with --times, --sft_args, --rl_args, "
+                   "--random_move_prob (the teacher's) and --env_args (the evaluation's) naming the run")
+    p.add_argument("--times", type=int, nargs=3, default=(0, 0, 0), metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
+    p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
+    p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
     args = p.parse_args()
+    if args.report:
+        return write_report(args.report, args.times, args.random_move_prob, args.sft_args, args.rl_args, args.env_args)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))

@@ -1,25 +1,29 @@
 """
 RL with verifiable rewards: a readable GRPO/CISPO loop for one GPU.
 
+    python rl.py --model out/speedrun/sft --batch 64 --group 8 --steps 45 --lr 5e-5 --warmup 3 --max_new_tokens 48 \
+        --exploit 5 --env_args '{"show_cells": true, "opening": 3, "invalid_penalty": 0.5}'   # the speedrun's RL (CPU, ~9 min)
     python rl.py --batch 256 --temp 1.1                   # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
     python rl.py --env reverse --batch 64 --group 8 --max_new_tokens 32 --model out/sft_reverse
     python rl.py --model out/sft --batch 16 --group 4 --steps 2 --eval_every 0 --out /tmp/rl   # CPU smoke run
 
-One step:
-  1. take E = batch/group consecutive examples (the environment stratifies difficulty over consecutive
+One step, in the order of this file:
+  1. rollouts: take E = batch/group consecutive examples (the environment stratifies difficulty over consecutive
      examples, so every batch is balanced) and roll each out `group` times at --temp; rollouts of one example
      share its seed, so the opponent answers the same position the same way and rewards differ only by policy;
-  2. advantage A = R - mean(R of its group)  (--scale_rewards group: / std of the group, as in GRPO);
-  3. loss on the sampled tokens only (the trajectory `mask`), recomputed from the exact token ids of the
-     rollouts (the batch's common prefix, the system prompt, runs once: sft.decoder_hidden), logits divided
+  2. group advantages: A = R - mean(R of its group)  (--scale_rewards group: / std of the group, as in GRPO);
+  3. the loss on the sampled tokens only (the trajectory `mask`), recomputed from the exact token ids of the
+     rollouts (the batch's common prefix, the system prompt, runs once: common.decoder_hidden), logits divided
      by the sampling temperature so the logprobs describe the sampled distribution;
-  4. one optimizer step per batch (--minibatch / --ppo_epochs for several, where the importance ratio matters).
+  4. the update: one optimizer step per batch (--minibatch / --ppo_epochs for several, where the ratio matters);
+  5. the loop: log, evaluate, checkpoint, repeat.
 
---exploit N (tic-tac-toe): an exploiter opponent. Every N steps eval.certify plays the greedy policy against every
-opponent line; up to half of each step's examples then replay, from the empty board, the lines where it made a
-mistake (the opponent's moves scripted along the line, optimal after it), so the groups compare a repeat of the
-mistake with the other moves sampled there. A fix can break another line, so the weights of the best certificate
-(also checked after the last step) are kept in DIR_best: a model proved over every line, like eval.py --certify.
+--exploit N: an exploiter, for an environment with an exploit(policy) hook (tic-tac-toe: its certificate, the
+greedy policy against every opponent line). Every N steps the hook finds the lines where the greedy policy makes
+a mistake; up to half of each step's examples then replay them (tic-tac-toe: from the empty board, the
+opponent's moves scripted along the line, optimal after it), so the groups compare a repeat of the mistake with
+the other moves sampled there. A fix can break another line, so the weights of the best certificate (also
+checked after the last step) are kept in DIR_best: a model proved over every line, like eval.py --certify.
 
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
 cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
@@ -39,8 +43,6 @@ Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.
 installed), eval rollouts, and a checkpoint (save_pretrained + trainer_state.pt) every --save_every steps.
 """
 import argparse
-import importlib
-import inspect
 import json
 import math
 import os
@@ -49,12 +51,36 @@ import time
 
 import torch
 
-from eval import certify, evaluate_standard
-from sample import HFPolicy, parse_env_args, load_env, load_model, pick_device, rollout, show
-from sft import (add_train_args, checkpoint_to_resume, log_eval, log_line, lr_at, pad_batch, rng_state, save_checkpoint,
-                 start_or_resume, token_logprobs, token_microbatches)
+from eval import evaluate_standard
+from common import (add_train_args, checkpoint_to_resume, load_env, load_model, log_eval, log_line, lr_at, pad_batch,
+                    parse_env_args, pick_device, rng_state, save_checkpoint, start_or_resume, token_logprobs, token_microbatches,
+                    train_autocast)
+from sample import HFPolicy, rollout, show
 
-# ----------------------------------------------------------------------------- group advantages
+# ----------------------------------------------------------------------------- 1. rollouts
+
+
+def step_examples(env, n_examples, seed, step, replays=None):
+    """The examples of one step: a function of (seed, step), so a resumed run sees the same ones. With --exploit,
+    up to half of them replay, in turn, the lines where the policy erred (`replays`, from the environment's
+    exploit hook); each keeps its own seed, which decides what the opponent does after the line."""
+    examples = env.examples(n_examples, seed=seed * 1_000_003 + step)
+    k = min(len(replays or []), n_examples // 2)
+    for j in range(k):
+        examples[j].update(replays[(step * k + j) % len(replays)])
+    return examples
+
+
+def sample_rollouts(env, examples, policy, group):
+    """`group` rollouts of every example (sample.rollout: records ordered example by example)."""
+    try:
+        return rollout(env, examples, policy, group=group, progress=False)
+    except torch.OutOfMemoryError as e:  # each episode's KV cache grows with every turn: say what to turn down
+        raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per generate() call, now "
+                         f"{policy.batch_size}) or --max_new_tokens ({policy.max_new_tokens}).\n  ({str(e)[:200]})") from e
+
+
+# ----------------------------------------------------------------------------- 2. group advantages
 
 
 def group_advantages(rewards, group, scale_rewards="none"):
@@ -70,7 +96,7 @@ def group_advantages(rewards, group, scale_rewards="none"):
     return adv.flatten()  # (B,)
 
 
-# ----------------------------------------------------------------------------- the loss
+# ----------------------------------------------------------------------------- 3. the loss
 
 
 def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_high=0.2, ref_logp=None, beta=0.0):
@@ -101,9 +127,6 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
     return (per_token * weight).sum(), clipped
 
 
-# ----------------------------------------------------------------------------- one update
-
-
 def loss_weights(n_tokens, loss_agg):
     """The weight of each loss token, per episode, from the episodes' loss-token counts: token-level averaging
     (DAPO, CISPO) gives every token of the batch 1 / (loss tokens in the batch); per-sequence averaging (GRPO)
@@ -115,49 +138,56 @@ def loss_weights(n_tokens, loss_agg):
     return [1.0 / (max(t, 1) * len(n_tokens)) for t in n_tokens]
 
 
+# ----------------------------------------------------------------------------- 4. the update
+
+
 def update(model, records, adv, args, opt, amp, ref_model=None):
-    """The gradient steps of one batch. records: rollouts with ids/mask; adv: (len(records),) advantages."""
-    n_seq = len(records)
-    n_tok = [sum(r["mask"][1:]) for r in records]
-    weights = loss_weights(n_tok, args.loss_agg)
-    train = [i for i in range(n_seq) if n_tok[i] and (adv[i] != 0 or args.beta > 0)]
-    minibatch = args.minibatch or n_seq
-    groups = [[i for i in train if lo <= i < lo + minibatch] for lo in range(0, n_seq, minibatch)]
-    several = args.ppo_epochs > 1 or len(groups) > 1
+    """The optimizer step(s) of one batch. records: rollouts with ids/mask/logprobs; adv: (len(records),) advantages.
+
+    The batch is split into --minibatch episodes per optimizer step (all of it by default), each taken --ppo_epochs
+    times; with more than one step the importance ratio is against the logprobs from before the first one. Every
+    optimizer step accumulates micro-batches of at most --token_budget padded tokens (same gradient)."""
+    n_episodes = len(records)
+    n_tokens = [sum(r["mask"][1:]) for r in records]  # loss tokens: position t predicts token t + 1
+    weights = loss_weights(n_tokens, args.loss_agg)
+    trained = [i for i in range(n_episodes) if n_tokens[i] and (adv[i] != 0 or args.beta > 0)]  # the rest has no gradient
+    per_step = args.minibatch or n_episodes
+    minibatches = [[i for i in trained if lo <= i < lo + per_step] for lo in range(0, n_episodes, per_step)]
+    several_steps = args.ppo_epochs > 1 or len(minibatches) > 1
     device = model.device
 
-    def tensors(mb):
-        ids, mask = pad_batch(([records[i]["ids"] for i in mb], [records[i]["mask"] for i in mb]), 0, device)
-        tok = lambda vals: torch.cat([torch.full((n_tok[i],), float(vals[i])) for i in mb]).to(device)  # (N,)
-        return ids, mask, tok(adv.tolist()), tok(weights)
+    def micro_batches(episodes):
+        """(ids, mask, advantage per token, weight per token) for each micro-batch of `episodes`."""
+        for micro in token_microbatches([len(records[i]["ids"]) for i in episodes], args.token_budget):
+            micro = [episodes[j] for j in micro]
+            ids, mask = pad_batch(([records[i]["ids"] for i in micro], [records[i]["mask"] for i in micro]), 0, device)  # (B, T)
+            per_token = lambda vals: torch.cat([torch.full((n_tokens[i],), float(vals[i])) for i in micro]).to(device)  # (N,)
+            yield micro, ids, mask, per_token(adv.tolist()), per_token(weights)
 
-    old = {}
-    if several or args.beta > 0:  # logprobs before any update (and of the reference), from a no-grad pass
+    before = {}  # episode -> (logprobs before any update, the reference's logprobs), from a no-grad pass
+    if several_steps or args.beta > 0:
         with torch.no_grad(), amp:
-            for mb in token_microbatches([len(records[i]["ids"]) for i in train], args.token_budget):
-                mb = [train[j] for j in mb]
-                ids, mask, _, _ = tensors(mb)
-                lp = token_logprobs(model, ids, mask, args.temp)[0].split([n_tok[i] for i in mb])
-                ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split([n_tok[i] for i in mb]) if ref_model else [None] * len(mb)
-                old.update({i: (a, b) for i, a, b in zip(mb, lp, ref)})
+            for micro, ids, mask, _, _ in micro_batches(trained):
+                sizes = [n_tokens[i] for i in micro]
+                old = token_logprobs(model, ids, mask, args.temp)[0].split(sizes)
+                ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split(sizes) if ref_model else [None] * len(micro)
+                before.update({i: (o, r) for i, o, r in zip(micro, old, ref)})
 
     stats = {"entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "logp_mismatch": 0.0, "train_tokens": 0, "skipped": 0}
     counted = 0
     for epoch in range(args.ppo_epochs):
-        for group in groups:
+        for minibatch in minibatches:
             total_loss = 0.0
-            for mb in token_microbatches([len(records[i]["ids"]) for i in group], args.token_budget):
-                mb = [group[j] for j in mb]
-                ids, mask, a, w = tensors(mb)
+            for micro, ids, mask, adv_tok, weight_tok in micro_batches(minibatch):
                 with amp:
                     logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
-                old_logp = torch.cat([old[i][0] for i in mb]) if several else logp.detach()
-                ref_logp = torch.cat([old[i][1] for i in mb]) if ref_model else None
-                loss, clipped = policy_loss(logp, old_logp, a, w, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
+                old_logp = torch.cat([before[i][0] for i in micro]) if several_steps else logp.detach()
+                ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
+                loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
                 loss.backward()
                 total_loss += loss.item()
                 if epoch == 0:  # how far the trainer's logprobs (before any update) are from the sampler's
-                    sampled = torch.tensor([lp for i in mb for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
+                    sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
                     stats["logp_mismatch"] += (old_logp - sampled).abs().sum().item()
                 stats["entropy"] += entropy.sum().item()
                 stats["clip_frac"] += clipped.float().sum().item()
@@ -172,14 +202,13 @@ def update(model, records, adv, args, opt, amp, ref_model=None):
             opt.step()
             opt.zero_grad(set_to_none=True)
             stats["grad_norm"] = grad_norm.item()
-    denom = max(counted, 1)
-    stats["entropy"] /= denom
-    stats["clip_frac"] /= denom
+    stats["entropy"] /= max(counted, 1)
+    stats["clip_frac"] /= max(counted, 1)
     stats["logp_mismatch"] /= max(counted // args.ppo_epochs, 1)
     return stats
 
 
-# ----------------------------------------------------------------------------- metrics, plots
+# ----------------------------------------------------------------------------- logs: step metrics, curves
 
 
 def batch_metrics(records, env):
@@ -244,7 +273,7 @@ def plot(metrics_path, png):
     plt.close(fig)
 
 
-# ----------------------------------------------------------------------------- main
+# ----------------------------------------------------------------------------- 5. the loop
 
 
 def main():
@@ -288,14 +317,13 @@ def main():
     metrics_path = os.path.join(args.out, "metrics.jsonl")
     resume = checkpoint_to_resume(args)
 
-    # ---- environment: consecutive examples are balanced when num_groups = examples per step
-    env_args = dict(parse_env_args(args.env_args))
+    # ---- environment: an environment that stratifies difficulty over consecutive examples (tic-tac-toe's
+    # num_groups) gets one bucket per example of a step, so every batch is balanced
+    env_args = parse_env_args(args.env_args)
     n_examples = args.batch // args.group
-    if "num_groups" in inspect.signature(importlib.import_module(f"env_{args.env}").load_environment).parameters:
-        env_args.setdefault("num_groups", n_examples)
-    env = load_env(args.env, env_args)
-    if args.exploit and not hasattr(env, "opponent"):
-        raise SystemExit(f"--exploit needs an environment with a certificate (tictactoe), not {args.env!r}")
+    env = load_env(args.env, env_args, defaults={"num_groups": n_examples})
+    if args.exploit and not hasattr(env, "exploit"):
+        raise SystemExit(f"--exploit needs an environment with an exploit() hook (tictactoe), not {args.env!r}")
 
     # ---- model
     model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
@@ -304,14 +332,14 @@ def main():
         model.gradient_checkpointing_enable()
     policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch)
     greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+    amp = train_autocast(device)
 
     # ---- optimizer (fp32 weights and state, load_model(train=True); bf16 autocast for the forward on a GPU)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
-    ts = start_or_resume(args, opt, resume)
-    step, bad_steps = ts["step"], 0
-    lines, best = ts.get("exploit_lines"), ts.get("exploit_best")  # --exploit's lines to replay and best certificate
-    del ts  # its optimizer state is in opt now: do not hold a second copy for the whole run
+    trainer_state = start_or_resume(args, opt, resume)
+    step, bad_steps = trainer_state["step"], 0
+    replays, best = trainer_state.get("exploit_lines"), trainer_state.get("exploit_best")  # --exploit's state
+    del trainer_state  # its optimizer state is in opt now: do not hold a second copy for the whole run
 
     def run_eval(step):
         model.eval()
@@ -322,50 +350,40 @@ def main():
 
     def save(step):
         save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(),
-                                                   "exploit_lines": lines, "exploit_best": best},
+                                                   "exploit_lines": replays, "exploit_best": best},
                         {"rl_args.json": vars(args)})
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
     best_dir = args.out.rstrip("/") + "_best"  # --exploit: the weights of the best certificate
 
     def exploit(step):
-        """--exploit: certify the greedy policy; return the lines where it errs (its worst first) as examples that
-        replay them from the empty board. The weights with the best certificate so far go to DIR_best."""
+        """--exploit: the environment certifies the greedy policy (env.exploit); log the certificate, keep the weights
+        of the best one so far in DIR_best (a tie goes to the later, more trained weights), return the replays."""
         nonlocal best
         t0 = time.time()
-        cert, mistakes = certify(env, greedy, progress=False)
-        log_line(step, {**{f"certify_{k}": v for k, v in cert.items()}, "certify_s": time.time() - t0}, metrics_path)
-        mistakes.sort(key=lambda m: m.get("value_after", -1))  # an invalid move counts as a loss
-        key = [cert["lines_lost"], cert["mistakes"]]
-        if best is None or key <= best["key"]:  # a tie goes to the later, more trained weights
-            best = {"key": key, "step": step}
-            save_checkpoint(model, tokenizer, best_dir, {"step": step}, {"certificate.json": {"step": step, **cert}})
-        print(f"exploit: the certificate at step {step} has {cert['lines_lost']} lost lines of {cert['lines']} and "
-              f"{cert['mistakes']} mistakes to replay; the best so far: step {best['step']}, in {best_dir}")
-        return [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
+        summary, rank, found = env.exploit(greedy)
+        log_line(step, {**{f"certify_{k}": v for k, v in summary.items()}, "certify_s": time.time() - t0}, metrics_path)
+        if best is None or list(rank) <= best["key"]:
+            best = {"key": list(rank), "step": step}
+            save_checkpoint(model, tokenizer, best_dir, {"step": step}, {"certificate.json": {"step": step, **summary}})
+        print(f"exploit: the certificate at step {step} ranks {list(rank)}, {len(found)} mistakes to replay; "
+              f"the best so far: step {best['step']}, in {best_dir}")
+        return found
 
     # ---- loop
     while step < args.steps:
         model.eval()
-        if args.exploit and (step % args.exploit == 0 or lines is None):
-            lines = exploit(step)
+        if args.exploit and (step % args.exploit == 0 or replays is None):
+            replays = exploit(step)
         t0 = time.time()
-        # 1. rollouts: the data position is a function of the step, so a resumed run sees the same examples
-        examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step)
-        if args.exploit:  # keep each example's seed (the opponent after a line's end), replay the lines in turn
-            k = min(len(lines), n_examples // 2)
-            for j in range(k):
-                examples[j].update(lines[(step * k + j) % len(lines)])
+        # 1. rollouts: `group` episodes of each of the step's examples
+        examples = step_examples(env, n_examples, args.seed, step, replays)
         tokens0 = policy.gen_tokens
-        try:
-            records = rollout(env, examples, policy, group=args.group, progress=False)
-        except torch.OutOfMemoryError as e:  # each episode's KV cache grows with every turn: say what to turn down
-            raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per generate() call, now "
-                             f"{args.gen_batch}) or --max_new_tokens ({args.max_new_tokens}).\n  ({str(e)[:200]})") from e
+        records = sample_rollouts(env, examples, policy, args.group)
         t_gen = time.time() - t0
-        # 2. advantages: reward minus the mean of the example's group
+        # 2. advantages: each episode's reward minus the mean of its example's group
         adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)  # (batch,)
-        # 3-4. loss on the sampled tokens and the optimizer step(s)
+        # 3-4. the loss on the sampled tokens, and the optimizer step(s)
         lr = lr_at(step, args.lr, args.warmup, args.steps, args.schedule)
         for g in opt.param_groups:
             g["lr"] = lr

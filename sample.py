@@ -21,8 +21,6 @@ A policy maps a batch of unfinished episodes to one reply each. Three kinds shar
 """
 import argparse
 import concurrent.futures
-import functools
-import importlib
 import json
 import os
 import random
@@ -32,39 +30,9 @@ import time
 import torch
 from tqdm import tqdm
 
+from common import load_env, load_model, parse_env_args, plain_cache_layers, roomy_cache
+
 # ----------------------------------------------------------------------------- environments
-
-
-def parse_env_args(env_args):
-    """--env_args: a JSON object string (or an already parsed dict)."""
-    if isinstance(env_args, dict):
-        return env_args
-    try:
-        parsed = json.loads(env_args) if env_args and env_args.strip() else {}
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"max_random_move_prob\": 0.5}}'")
-    if not isinstance(parsed, dict):
-        raise SystemExit(f"--env_args must be a JSON object of keyword arguments, got {env_args!r}")
-    return parsed
-
-
-def load_env(name, env_args=None):
-    """Import env_NAME.py and call its load_environment(**env_args); env_args may be a JSON string."""
-    env_args = parse_env_args(env_args)
-    try:
-        module = importlib.import_module(f"env_{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"env_{name}":
-            raise
-        found = sorted(f[4:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__))) if f.startswith("env_") and f.endswith(".py"))
-        raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() (found: {', '.join(found)})")
-    try:
-        return module.load_environment(**env_args)
-    except TypeError as e:
-        import inspect
-        raise SystemExit(f"bad --env_args for {name}: {e}; it accepts {list(inspect.signature(module.load_environment).parameters)}")
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"bad --env_args for {name}: {e}")
 
 
 def total_reward(env, rewards):
@@ -72,43 +40,6 @@ def total_reward(env, rewards):
 
 
 # ----------------------------------------------------------------------------- models and tokenizers
-
-
-def pick_device(device="auto"):
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
-
-def weights_dtype(device, train=False):
-    return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
-
-
-def load_model(path, device="auto", train=False):
-    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling and
-    evaluation, fp32 on CPU and wherever the model is trained (train=True): an AdamW update at RL's learning rates
-    is smaller than bf16's rounding step for most weights and would be lost, so training keeps fp32 weights and runs
-    its forward under bf16 autocast."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
-    device = pick_device(device)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=weights_dtype(device, train), attn_implementation="sdpa")
-    except (OSError, ValueError) as e:
-        hint = ("it is not a local directory and could not be fetched from the hub (no network?). Pass a directory "
-                "saved with save_pretrained (e.g. out/sft), or build one offline with `python sft.py --model scratch`"
-                if not os.path.isdir(path) else "the directory is not a complete save_pretrained model")
-        raise SystemExit(f"could not load model {path!r}: {hint}.\n  ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
-    if not tokenizer.chat_template:
-        raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set tokenizer.chat_template "
-                         "and save it (sft.py --model scratch writes one)")
-    if device.startswith("cuda"):
-        # cuDNN's attention builds a new plan for every new shape, ~11 ms of CPU each (measured on an H100): in a
-        # rollout the keys grow by one every token, so it took over 80% of the time, the GPU idle. Flash and
-        # memory-efficient attention don't.
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    return model.to(device).eval(), tokenizer
 
 
 class ChatTokens:
@@ -224,30 +155,31 @@ class HFPolicy:
         Re-encoding the whole conversation every turn (system prompt and all earlier turns) costs more than the
         reply itself on a CPU, so each episode keeps the keys/values of the tokens already encoded (`kv`, the
         first `kv_len` ids). A batch lays each row out as [pad | cached ids][pad | new ids]: the cached part
-        right-aligned at column C, the new tokens right-aligned at the end, the pads masked. generate() then
+        right-aligned at column `cached`, the new tokens right-aligned at the end, the pads masked. generate() then
         encodes only the new columns; positions come from the attention mask, so the holes change nothing."""
         device = self.model.device
         kv_lens = [ep.get("kv_len", 0) if self.reuse_cache else 0 for ep in episodes]
-        C = max(kv_lens)
-        width = C + max(len(ep["ids"]) - k for ep, k in zip(episodes, kv_lens))
+        cached = max(kv_lens)  # columns of the cached part
+        width = cached + max(len(ep["ids"]) - kv_len for ep, kv_len in zip(episodes, kv_lens))
         input_ids = torch.full((len(episodes), width), self.pad_id, dtype=torch.long)  # (B, T)
         attention = torch.zeros((len(episodes), width), dtype=torch.long)
-        for b, (ep, k) in enumerate(zip(episodes, kv_lens)):
-            new = ep["ids"][k:]
-            input_ids[b, C - k:C], input_ids[b, width - len(new):] = torch.tensor(ep["ids"][:k], dtype=torch.long), torch.tensor(new)
-            attention[b, C - k:C], attention[b, width - len(new):] = 1, 1
+        for b, (ep, kv_len) in enumerate(zip(episodes, kv_lens)):
+            new = ep["ids"][kv_len:]
+            input_ids[b, cached - kv_len:cached] = torch.tensor(ep["ids"][:kv_len], dtype=torch.long)
+            input_ids[b, width - len(new):] = torch.tensor(new)
+            attention[b, cached - kv_len:cached], attention[b, width - len(new):] = 1, 1
         cache = None
-        if C:  # (B, H, C, D) per layer: each episode's keys/values right-aligned at C, zeros where masked
-            donor = next(ep["kv"] for ep, k in zip(episodes, kv_lens) if k)
+        if cached:  # (B, H, cached, D) per layer: each episode's keys/values right-aligned, zeros where masked
+            donor = next(ep["kv"] for ep, kv_len in zip(episodes, kv_lens) if kv_len)
             cache = roomy_cache(len(donor), capacity=width + self.max_new_tokens)
             for layer, (ref, _) in enumerate(donor):
-                K = ref.new_zeros((len(episodes), ref.shape[0], C, ref.shape[2]))
-                V = K.clone()
-                for b, (ep, k) in enumerate(zip(episodes, kv_lens)):
-                    if k:
-                        K[b, :, C - k:], V[b, :, C - k:] = ep["kv"][layer]
+                keys = ref.new_zeros((len(episodes), ref.shape[0], cached, ref.shape[2]))
+                values = keys.clone()
+                for b, (ep, kv_len) in enumerate(zip(episodes, kv_lens)):
+                    if kv_len:
+                        keys[b, :, cached - kv_len:], values[b, :, cached - kv_len:] = ep["kv"][layer]
                         ep["kv"][layer] = None  # in the batch's cache now: do not hold it twice
-                cache.update(K, V, layer)
+                cache.update(keys, values, layer)
         record = _RecordLogprobs(self.temp)
         sampling = dict(do_sample=True, temperature=self.temp, top_p=self.top_p, top_k=0) if self.temp > 0 else dict(do_sample=False)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -283,10 +215,10 @@ class HFPolicy:
             for ep, c in zip(episodes, cols):
                 ep["kv"], ep["kv_len"] = [], len(c)
             for layer in range(len(kept)):  # layer by layer, each freed once copied: never two copies of it all
-                K, V = kept[layer]
+                keys, values = kept[layer]
                 for b, (ep, c) in enumerate(zip(episodes, cols)):
-                    ep["kv"].append((K[b][:, c].to(dt), V[b][:, c].to(dt)))
-                kept[layer] = out.past_key_values.layers[layer] = K = V = None
+                    ep["kv"].append((keys[b][:, c].to(dt), values[b][:, c].to(dt)))
+                kept[layer] = out.past_key_values.layers[layer] = keys = values = None
         return replies
 
     def _cache_layers(self, cache):
@@ -295,52 +227,6 @@ class HFPolicy:
         kept = plain_cache_layers(cache) if self.reuse_cache else None
         self.reuse_cache = kept is not None
         return kept
-
-
-def plain_cache_layers(cache):
-    """[(keys (B, H, T, D), values)] per layer when every layer of `cache` is plain full attention, so that its
-    rows and columns can be sliced, stacked or broadcast into a new DynamicCache; else None (sliding windows and
-    recurrent layers cannot be)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-    if isinstance(cache, DynamicCache) and all(type(l) in (DynamicLayer, _roomy_layer()) for l in cache.layers):
-        return [(l.keys, l.values) for l in cache.layers]
-    return None
-
-
-def roomy_cache(n_layers, capacity):
-    """An empty DynamicCache whose layers keep `capacity` positions of room and write each step's keys/values in
-    place. The plain DynamicLayer torch.cat()s the whole cache at every decoding step: with a continued cache of
-    200 episodes that copying was half of a CPU evaluation's time."""
-    from transformers.cache_utils import Cache, DynamicCache
-    cache = DynamicCache.__new__(DynamicCache)
-    Cache.__init__(cache, layers=[_roomy_layer()(capacity) for _ in range(n_layers)])
-    return cache
-
-
-@functools.cache
-def _roomy_layer():
-    from transformers.cache_utils import DynamicLayer  # imported here: scripted and API runs never load transformers
-
-    class RoomyLayer(DynamicLayer):
-        def __init__(self, capacity):
-            super().__init__()
-            self.capacity, self.used = capacity, 0
-
-        def update(self, key_states, value_states, *args, **kwargs):  # (B, H, T, D) each
-            B, H, T, D = key_states.shape
-            if not self.is_initialized or self.used + T > self.buf_k.shape[2]:  # (re)allocate, keep what is there
-                self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
-                room = max(self.capacity, 2 * (self.used + T))
-                old = (self.buf_k, self.buf_v) if self.used else None
-                self.buf_k, self.buf_v = (key_states.new_empty((B, H, room, D)) for _ in range(2))
-                if old:
-                    self.buf_k[:, :, :self.used], self.buf_v[:, :, :self.used] = old[0][:, :, :self.used], old[1][:, :, :self.used]
-            self.buf_k[:, :, self.used:self.used + T], self.buf_v[:, :, self.used:self.used + T] = key_states, value_states
-            self.used += T
-            self.keys, self.values = self.buf_k[:, :, :self.used], self.buf_v[:, :, :self.used]  # views, no copy
-            return self.keys, self.values
-
-    return RoomyLayer
 
 
 class APIPolicy:
@@ -473,11 +359,8 @@ def show(rec, env=None):
     return "\n".join(lines)
 
 
-def play_human(env, policy):
-    """Terminal game: the model is X, you are O."""
-    if not hasattr(env, "opponent"):
-        raise SystemExit("--play needs a game environment with an opponent (tictactoe)")
-
+def play_human(env_name, env_args, policy):
+    """Terminal game: the model is X, you are O (a game environment whose load_environment takes an `opponent`)."""
     def ask(state):
         free = [i for i, c in enumerate(state["board"]) if c == "."]
         while True:
@@ -485,7 +368,10 @@ def play_human(env, policy):
             if text.isdigit() and int(text) in free:
                 return int(text)
             print("not a free cell, try again")
-    env.opponent = ask
+    try:
+        env = load_env(env_name, {**parse_env_args(env_args), "opponent": ask})
+    except SystemExit as e:
+        raise SystemExit(f"--play needs a game environment with an opponent (tictactoe): {e}") from None
     try:
         _play_games(env, policy)
     except (EOFError, KeyboardInterrupt):
@@ -545,7 +431,7 @@ def main():
     env = load_env(args.env, args.env_args)
     policy = policy_from_args(args, env)
     if args.play:
-        return play_human(env, policy)
+        return play_human(args.env, args.env_args, policy)
     records = rollout(env, env.examples(args.n, args.seed), policy)
     for rec in records:
         print(show(rec, env) + "\n")

@@ -23,257 +23,19 @@ DIR/data.jsonl (the kept games) and DIR/trainer_state.pt (for --resume).
 """
 import argparse
 import json
-import math
 import os
 import random
-import shutil
 import time
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from sample import (ChatTokens, parse_env_args, HFPolicy, ScriptedPolicy, load_env, load_model, make_policy, pick_device,
-                    plain_cache_layers, rollout)
+from common import (add_train_args, checkpoint_to_resume, load_env, load_model, log_eval, log_line, lr_at, pad_batch,
+                    parse_env_args, pick_device, rng_state, save_checkpoint, start_or_resume, token_logprobs, token_microbatches,
+                    train_autocast)
+from sample import ChatTokens, HFPolicy, ScriptedPolicy, make_policy, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-# ----------------------------------------------------------------------------- shared training helpers (rl.py uses them)
-
-
-def lr_at(step, lr, warmup, total, schedule):
-    """Linear warm-up, then constant or cosine decay to 10% of lr."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    if schedule == "cosine" and total > warmup:
-        return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup)))))
-    return lr
-
-
-def token_microbatches(lengths, budget):
-    """Group sequence indices into micro-batches of at most `budget` padded tokens (one long sequence alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[cur[0]] > budget:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    return batches + ([cur] if cur else [])
-
-
-def decoder_hidden(model, ids):
-    """Last hidden states (B, T, H) of right-padded rows (no attention mask needed: padding comes last).
-
-    Rows of a batch all start with the same tokens (system prompt, chat header, often the first user turn):
-    that common prefix runs once, for one row, and its keys/values are broadcast to every row as the cache the
-    rest attends to. Same result as the full forward, (B-1)/B of the prefix's cost saved, gradients flow into
-    the shared part. Falls back to the full forward for caches that cannot be broadcast (sliding windows,
-    recurrent layers) and under gradient checkpointing (which turns the cache off)."""
-    from transformers import DynamicCache
-    decoder = model.get_decoder()
-    B, T = ids.shape
-    prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # common prefix length
-    if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
-        return decoder(input_ids=ids).last_hidden_state
-    head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-    kv = plain_cache_layers(head.past_key_values)
-    if kv is None:
-        return decoder(input_ids=ids).last_hidden_state
-    # (1, heads, prefix, D) -> (B, heads, prefix, D), views: the backward sums over rows
-    cache = DynamicCache([(K.expand(B, -1, -1, -1), V.expand(B, -1, -1, -1)) for K, V in kv])
-    rest = decoder(input_ids=ids[:, prefix:], past_key_values=cache).last_hidden_state  # (B, T-prefix, H)
-    return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
-
-
-def token_logprobs(model, ids, mask, temp, chunk=2048):
-    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
-
-    ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
-    under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
-    hidden = decoder_hidden(model, ids)  # (B, T, H)
-    sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
-    h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
-    head = model.get_output_embeddings()
-
-    def piece(h, t):
-        logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
-        with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-        return logp.gather(1, t[:, None]).squeeze(1), entropy
-    outs = [checkpoint(piece, h[i:i + chunk], targets[i:i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)]
-    if not outs:
-        return hidden.new_zeros(0, dtype=torch.float), hidden.new_zeros(0, dtype=torch.float)
-    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-
-
-def sft_loss(model, rows, context_loss, pad_id):
-    """Summed next-token loss of right-padded (ids, mask) rows: weight 1 on the assistant tokens (mask 1),
-    `context_loss` on every other real token (system prompt, environment messages), 0 on padding.
-    Returns (loss tensor, assistant nll, context nll, context tokens) with the last three as plain numbers."""
-    ids, mask = pad_batch(([r[0] for r in rows], [r[1] for r in rows]), pad_id, model.device)  # (B, T)
-    real = torch.arange(ids.shape[1], device=ids.device)[None] < torch.tensor([len(r[0]) for r in rows], device=ids.device)[:, None]
-    w = mask + context_loss * (1 - mask) * real  # (B, T)
-    logp = token_logprobs(model, ids, w, 1.0)[0]  # (N,): every token with a weight
-    keep = w[:, 1:] > 0  # (B, T-1): the positions token_logprobs scored
-    w, reply = w[:, 1:][keep], mask[:, 1:][keep].bool()  # (N,), (N,)
-    loss = -(logp * w).sum()
-    return loss, -logp[reply].sum().item(), -logp[~reply].sum().item(), int((~reply).sum())
-
-
-def pad_batch(seqs, pad_id, device):
-    """Right-pad lists of ids (and matching lists) into (B, T) tensors."""
-    width = max(len(s) for s in seqs[0])
-    out = []
-    for rows, fill in zip(seqs, (pad_id,) + (0,) * (len(seqs) - 1)):
-        t = torch.full((len(rows), width), fill, dtype=torch.long if isinstance(rows[0][0], int) else torch.float)
-        for b, r in enumerate(rows):
-            t[b, :len(r)] = torch.tensor(r, dtype=t.dtype)
-        out.append(t.to(device))
-    return out
-
-
-def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
-    """save_pretrained + trainer state into OUT.tmp, then swap it in: a crash never leaves half a checkpoint."""
-    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-    for name, obj in extra_json.items():
-        with open(os.path.join(tmp, name), "w") as f:
-            json.dump(obj, f, indent=2)
-    if os.path.isdir(out):  # keep logs and data that live beside the weights
-        for name in os.listdir(out):
-            if name.endswith(".jsonl") or name.endswith(".png") or name.startswith("eval"):
-                src = os.path.join(out, name)
-                if not os.path.exists(os.path.join(tmp, name)):
-                    shutil.move(src, os.path.join(tmp, name))
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def rng_state():
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s):
-    random.setstate(s["python"])
-    torch.set_rng_state(s["torch"])
-    if s.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_n, save_every):
-    """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
-    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
-    p.add_argument("--warmup", type=int, default=warmup, help="linear lr warm-up steps")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default=schedule, help="lr schedule after warm-up")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
-    p.add_argument("--token_budget", type=int, default=token_budget, help="max padded tokens per micro-batch (gradient accumulation above it)")
-    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing in the transformer (less memory, slower)")
-    p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
-    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
-    p.add_argument("--eval_every", type=int, default=eval_every, help="greedy game evaluation every N steps (0: only at the end)")
-    p.add_argument("--eval_n", type=int, default=eval_n, help="games per evaluation setting (opponent)")
-    p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    return p
-
-
-def checkpoint_to_resume(args):
-    """True when --resume finds a checkpoint in DIR (and says so when it does not)."""
-    found = args.resume and os.path.exists(os.path.join(args.out, "trainer_state.pt"))
-    if args.resume and not found:
-        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
-    return found
-
-
-def start_or_resume(args, opt, resume):
-    """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint
-    and drop log lines written after it (they are redone). Returns the trainer state: its "step" is the step to
-    start from (0 for a fresh run), the rest what the script saved with it."""
-    state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
-    if not resume:
-        if os.path.exists(metrics_path):
-            os.remove(metrics_path)
-        return {"step": 0}
-    ts = torch.load(state_path, weights_only=False)
-    opt.load_state_dict(ts["optimizer"])
-    set_rng_state(ts["rng"])
-    if os.path.exists(metrics_path):
-        rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= ts["step"]]
-        open(metrics_path, "w").writelines(rows)
-    print(f"resumed from {args.out} at step {ts['step']}")
-    return ts
-
-
-def log_eval(step, results, path):
-    """The log line of an evaluate_standard() result: rates and mean reward per setting."""
-    for name, (s, _) in results.items():
-        log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, path)
-
-
-def log_line(step, metrics, path=None):
-    """One grep-able line per step, and the same as a JSON line in `path`."""
-    parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
-    print(" | ".join(parts), flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
-
-
-# ----------------------------------------------------------------------------- the scratch model
-
-
-def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048):
-    """Train a byte-level BPE tokenizer on scripted transcripts of `env`, build a random-init Llama, save both."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    texts = [env.system_prompt]
-    players = [n for n in ("random", "minimax", "oracle") if _has_player(env, n)]
-    for i, name in enumerate(players):
-        policy = ScriptedPolicy(env, name, 0.3)
-        for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
-            texts += [m["content"] for m in rec["messages"][1:]]
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    # digits stand alone, so a cell is one token whether it follows a space ("cell 4"), a bar ("4|5") or a tag
-    # ("<move>4"): copying a cell number from the board to the reasoning to the move is then an identity map
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=special[1:2])
-    tokenizer.chat_template = CHATML
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=n_layers,
-                         num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=max_len,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    n = sum(p.numel() for p in model.parameters())
-    print(f"scratch model: {n / 1e6:.2f}M parameters, vocab {len(tokenizer)}, saved to {out}")
-    return out
-
-
-def _has_player(env, name):
-    try:
-        env.scripted_player(name)
-        return True
-    except (ValueError, AttributeError):
-        return False
-
 
 # ----------------------------------------------------------------------------- teacher data
 
@@ -332,6 +94,70 @@ def read_data(path):
                                  "chat messages (role + content); fix or delete that line") from None
             convs.append(msgs)
     return convs
+
+
+# ----------------------------------------------------------------------------- the scratch model
+
+
+def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048):
+    """Train a byte-level BPE tokenizer on scripted transcripts of `env`, build a random-init Llama, save both."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    texts = [env.system_prompt]
+    players = [n for n in ("random", "minimax", "oracle") if _has_player(env, n)]
+    for i, name in enumerate(players):
+        policy = ScriptedPolicy(env, name, 0.3)
+        for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
+            texts += [m["content"] for m in rec["messages"][1:]]
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    # digits stand alone, so a cell is one token whether it follows a space ("cell 4"), a bar ("4|5") or a tag
+    # ("<move>4"): copying a cell number from the board to the reasoning to the move is then an identity map
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=special[1:2])
+    tokenizer.chat_template = CHATML
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=n_layers,
+                         num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=max_len,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"scratch model: {n / 1e6:.2f}M parameters, vocab {len(tokenizer)}, saved to {out}")
+    return out
+
+
+def _has_player(env, name):
+    try:
+        env.scripted_player(name)
+        return True
+    except (ValueError, AttributeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- the SFT loss
+
+
+def sft_loss(model, rows, context_loss, pad_id):
+    """Summed next-token loss of right-padded (ids, mask) rows: weight 1 on the assistant tokens (mask 1),
+    `context_loss` on every other real token (system prompt, environment messages), 0 on padding.
+    Returns (loss tensor, assistant nll, context nll, context tokens) with the last three as plain numbers."""
+    ids, mask = pad_batch(([r[0] for r in rows], [r[1] for r in rows]), pad_id, model.device)  # (B, T)
+    real = torch.arange(ids.shape[1], device=ids.device)[None] < torch.tensor([len(r[0]) for r in rows], device=ids.device)[:, None]
+    w = mask + context_loss * (1 - mask) * real  # (B, T)
+    logp = token_logprobs(model, ids, w, 1.0)[0]  # (N,): every token with a weight
+    keep = w[:, 1:] > 0  # (B, T-1): the positions token_logprobs scored
+    w, reply = w[:, 1:][keep], mask[:, 1:][keep].bool()  # (N,), (N,)
+    loss = -(logp * w).sum()
+    return loss, -logp[reply].sum().item(), -logp[~reply].sum().item(), int((~reply).sum())
 
 
 # ----------------------------------------------------------------------------- main
@@ -446,7 +272,7 @@ def main():
                         {"sft_args.json": vars(args), "sft_results.json": {"step": step, "eval": results, "wall_s": time.time() - t_start}})
 
     model.train()
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
+    amp = train_autocast(device)
     while step < total:
         t0 = time.time()
         lr = lr_at(step, args.lr, args.warmup, total, args.schedule)

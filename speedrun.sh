@@ -69,56 +69,6 @@ done
 T_ALL=$SECONDS
 
 stamp "5. report"
-python - "$OUT" "$T_SFT" "$T_RL" "$T_ALL" "$TEACHER_P" "$SFT --env_args '$SFT_ENV'" "$RL --env_args '$RL_ENV'" "$ENV" <<'PY'
-import json, os, platform, sys
-out, t_sft, t_rl, t_all, p, sft_args, rl_args, env_args = sys.argv[1:]
-load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
-res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
-res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
-import torch
-res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
-best = os.path.join(out, "rl_best", "certificate.json")
-res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
-json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=2)
-name = {"teacher": f"teacher (minimax, random moves p={p})", "sft": "SFT model",
-        "rl": "RL model" + (f" (step {res['rl_step']}: the best certificate)" if res["rl_step"] is not None else "")}
-rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
-for w in ("teacher", "sft", "rl"):
-    for o in ("random", "optimal"):
-        s = res[w][o]
-        rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
-cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves |", "|---|---|---|---|---|---|---|"]
-for w in ("teacher", "sft", "rl"):
-    c = res[w]["certificate"]
-    cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | "
-                f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} |")
-# where the RL model still errs: the certificate's positions (board row by row, X = the model)
-errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
-shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
-         f"`{' '.join(m['reply'].split())}`" for m in errs[:20]]
-n = res["rl"]["optimal"]["n"]
-report = f"""# speedrun report
-
-Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s.
-
-## Greedy play, {n} games per opponent
-{chr(10).join(rows)}
-
-## Certificate: the greedy policy against every opponent line (moving first and second)
-{chr(10).join(cert)}
-
-{f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
- if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal."}
-{chr(10).join(shown)}
-
-## Commands
-    python sft.py --model scratch --teacher minimax --teacher_random_prob {p} {sft_args} --out {out}/sft
-    python rl.py --model {out}/sft {rl_args} --out {out}/rl
-    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 48 --env_args '{env_args}' --out {out}/eval/WHO
-
-Training curves: {out}/rl/curves.png
-"""
-open(os.path.join(out, "report.md"), "w").write(report)
-print(report)
-PY
+python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --random_move_prob "$TEACHER_P" \
+  --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV"
 stamp "done: $OUT/report.md"

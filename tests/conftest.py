@@ -3,7 +3,7 @@ subprocess runner for the environment tests.
 
 Everything is offline and CPU-only: the model is a tiny random-init Llama built by `sft.build_scratch` (a BPE
 tokenizer trained on scripted tic-tac-toe transcripts, ChatML template), saved with save_pretrained and loaded
-back with `sample.load_model` -- the same code path as a hub model.
+back with `common.load_model` -- the same code path as a hub model.
 
 Slow tests (throughput measurements) are marked `@pytest.mark.slow` and only run with `--runslow`.
 """
@@ -79,24 +79,24 @@ def torch_single_thread():
 
 @pytest.fixture(scope="session")
 def ttt_env():
-    import sample
-    return sample.load_env("tictactoe")
+    import common
+    return common.load_env("tictactoe")
 
 
 @pytest.fixture(scope="session")
 def short_env():
     """Tic-tac-toe cut off after 3 model turns: keeps trajectories of a random model (invalid moves) short."""
-    import sample
-    return sample.load_env("tictactoe", {"max_turns": 3})
+    import common
+    return common.load_env("tictactoe", {"max_turns": 3})
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny scratch model (vocab 300, d_model 32, 2 layers) saved with save_pretrained; returns its path."""
-    import sample
+    import common
     import sft
     out = str(tmp_path_factory.mktemp("tiny_model"))
-    env = sample.load_env("tictactoe")
+    env = common.load_env("tictactoe")
     sft.build_scratch(out, env, vocab_size=300, d_model=32, n_layers=2, n_heads=2, n_games=200)
     return out
 
@@ -104,14 +104,14 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir):
     """(model, tokenizer) loaded back from tiny_model_dir with sample.load_model, on CPU."""
-    import sample
-    return sample.load_model(tiny_model_dir, device="cpu")
+    import common
+    return common.load_model(tiny_model_dir, device="cpu")
 
 
 def _saved_variant(src, out, change):
     """Load the model in `src`, apply change(model, tokenizer) in place, save both to `out` like any model."""
-    import sample
-    model, tok = sample.load_model(src, device="cpu")
+    import common
+    model, tok = common.load_model(src, device="cpu")
     change(model, tok)
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
@@ -133,8 +133,8 @@ def sharp_model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sharp_model(sharp_model_dir):
-    import sample
-    return sample.load_model(sharp_model_dir, device="cpu")
+    import common
+    return common.load_model(sharp_model_dir, device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -147,8 +147,8 @@ def qwen3_model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def qwen3_model(qwen3_model_dir):
-    import sample
-    return sample.load_model(qwen3_model_dir, device="cpu")
+    import common
+    return common.load_model(qwen3_model_dir, device="cpu")
 
 
 @pytest.fixture

@@ -152,7 +152,7 @@ class _Branch(Exception):
         self.cells = cells
 
 
-def play_line(env, player, seed, model_first, script):
+def play_line(player, seed, model_first, script):
     """Play one game whose opponent replies follow `script`; raise _Branch when the script runs out."""
     moves = iter(script)
 
@@ -162,20 +162,20 @@ def play_line(env, player, seed, model_first, script):
         except StopIteration:
             raise _Branch(ttt.free_cells(state["board"])) from None
 
-    env.opponent = opponent
+    env = ttt.load_environment(opponent=opponent)
     state, msg = env.reset({"seed": seed, "random_move_prob": 0.0, "model_first": model_first})
     while msg is not None:
         msg = env.step(state, player(state))
     return state
 
 
-def all_lines(env, player, seed, model_first):
+def all_lines(player, seed, model_first):
     """Final states of every game the player can face, branching over every opponent reply."""
     finals, stack = [], [[]]
     while stack:
         script = stack.pop()
         try:
-            finals.append(play_line(env, player, seed, model_first, script))
+            finals.append(play_line(player, seed, model_first, script))
         except _Branch as b:
             stack.extend(script + [c] for c in b.cells)
     return finals
@@ -187,7 +187,7 @@ def test_minimax_player_never_loses_any_line(seed):
     player = env.scripted_player("minimax")
     total = Counter()
     for model_first in (True, False):
-        finals = all_lines(env, player, seed, model_first)
+        finals = all_lines(player, seed, model_first)
         results = Counter(s["winner"] for s in finals)
         assert results["O"] == 0, f"minimax player lost {results['O']} lines (model_first={model_first})"
         assert all(s["done"] and not s["cut_off"] and s["invalid_moves"] == 0 for s in finals)
@@ -202,7 +202,7 @@ def test_minimax_player_never_loses_any_line(seed):
 def test_exhaustive_line_search_catches_a_losing_player():
     """The harness above can fail: the random player loses some line."""
     env = ttt.load_environment()
-    finals = all_lines(env, env.scripted_player("random"), 0, True)
+    finals = all_lines(env.scripted_player("random"), 0, True)
     assert any(s["winner"] == "O" for s in finals)
 
 
@@ -391,9 +391,8 @@ def test_model_first_is_about_half():
 # ----------------------------------------------------------------------------- 6. rewards, metrics, invalid replies
 
 def scripted_game(model_moves, opponent_moves, model_first=True, max_turns=8, **env_args):
-    env = ttt.load_environment(max_turns=max_turns, **env_args)
     moves = iter(opponent_moves)
-    env.opponent = lambda state: next(moves)
+    env = ttt.load_environment(max_turns=max_turns, opponent=lambda state: next(moves), **env_args)
     state, msg = env.reset({"seed": 1, "random_move_prob": 0.0, "model_first": model_first})
     msgs = [msg]
     for m in model_moves:

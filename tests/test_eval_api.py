@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import eval as eval_mod  # noqa: E402
+import common  # noqa: E402
 import sample  # noqa: E402
 from sample import APIPolicy, ScriptedPolicy  # noqa: E402
 
@@ -134,7 +135,7 @@ def key_env(monkeypatch):
 
 
 def random_opponent_env():
-    return sample.load_env("tictactoe", eval_mod.OPPONENTS["random"])
+    return common.load_env("tictactoe", eval_mod.OPPONENTS["random"])
 
 
 def read_jsonl(path):
@@ -255,7 +256,7 @@ def test_evaluate_fails_clearly_then_resumes(fake_api, tmp_path, key_env):
 def test_resume_after_crash_inside_the_first_record(tmp_path):
     """A crash while the very first record was being written leaves only a cut line; resuming must not glue
     the next record onto it (eval.py used to rewrite the file only when it held a complete record)."""
-    env = sample.load_env("tictactoe")
+    env = common.load_env("tictactoe")
     path = tmp_path / "rollouts.jsonl"
     path.write_text('{"index": 0, "rollout": 0, "mess')
     summary, recs = eval_mod.evaluate(env, ScriptedPolicy(env, "minimax"), 3, out=str(tmp_path), resume=True,
@@ -330,7 +331,7 @@ def test_certificate(monkeypatch, tmp_path, capsys):
     assert mm["lines"] > 100 and mm["lines_lost"] == 0 and mm["mistakes"] == 0 and mm["optimal_move_rate"] == 1.0
     assert mm["lines_won"] + mm["lines_drawn"] == mm["lines"]
     assert (tmp_path / "mm" / "lost_lines.jsonl").read_text() == ""
-    env = sample.load_env("tictactoe")
+    env = common.load_env("tictactoe")
     rnd, mistakes = eval_mod.certify(env, ScriptedPolicy(env, "random"), out=str(tmp_path / "rnd"), progress=False)
     assert env.opponent is None, "certify leaves the seeded opponent in place"
     assert rnd["lines_lost"] > 100 and len(mistakes) == rnd["mistakes"] > 0
@@ -349,7 +350,7 @@ def test_eval_cli_bad_env_args_is_a_clear_error(monkeypatch):
 def test_certificate_lines_replay_as_examples():
     """Each mistake comes with its line (model_first + the opponent's replies): as an example it replays from
     the empty board to the mistake, even where the environment has an opening; after it the seeded opponent plays."""
-    env = sample.load_env("tictactoe", {"opening": 3})
+    env = common.load_env("tictactoe", {"opening": 3})
     first_free = lambda board: f"<think>The first free cell.</think><move>{board.index('.')}</move>"
 
     class FirstFree:  # deterministic and weak: it loses lines moving first and second

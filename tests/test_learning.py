@@ -15,7 +15,8 @@ import torch
 
 import rl
 from rl import group_advantages, loss_weights, update
-from sample import HFPolicy, load_model, rollout
+from common import load_model
+from sample import HFPolicy, rollout
 
 T = torch.tensor
 NO_AMP = torch.autocast("cpu", enabled=False)
@@ -68,7 +69,7 @@ def test_group_advantages_follow_rollout_records():
 
     def policy(episodes):  # the rollout number as the reply
         return [str(ep["rollout"]) for ep in episodes]
-    records = rollout(env, env.examples(4), policy, group=4, progress=False)
+    records = rollout(env, env.examples(3), policy, group=4, progress=False)  # 3 x 4: a transposed layout differs
     adv = group_advantages([r["reward"] for r in records], 4)
     for rec, a in zip(records, adv.tolist()):
         assert a == pytest.approx(rec["rollout"] - 1.5), (rec["index"], rec["rollout"], a)
@@ -82,7 +83,7 @@ def test_loss_weights_by_hand():
     assert loss_weights(n_tok, "sequence") == pytest.approx([1 / (2 * 4), 1 / (3 * 4), 1 / (5 * 4), 1 / (4 * 4)])
 
 
-PREFIX = list(range(3, 13))  # a common prefix of 10 tokens: update() runs it once (sft.decoder_hidden)
+PREFIX = list(range(3, 13))  # a common prefix of 10 tokens: update() runs it once (common.decoder_hidden)
 
 
 def hand_batch():

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from rl import policy_loss, token_logprobs
+from common import token_logprobs
+from rl import policy_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = torch.tensor
@@ -96,7 +97,7 @@ def test_sequence_vs_token_weights():
 # ----------------------------------------------------------------------------- chunked logprobs
 
 def test_token_logprobs_match_full_softmax(tiny_model_dir):
-    from sample import load_model
+    from common import load_model
     model, _ = load_model(tiny_model_dir)
     torch.manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (3, 20))

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import common  # noqa: E402
 import sample  # noqa: E402
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, advance, new_episode, rollout  # noqa: E402
 
@@ -343,7 +344,7 @@ def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
 
 def test_roomy_cache_layer_matches_concatenation():
     """The in-place cache layer returns exactly what torch.cat would, also when it outgrows its capacity."""
-    layer, parts = sample._roomy_layer()(capacity=2), []
+    layer, parts = common._roomy_layer()(capacity=2), []
     for T in (1, 3, 1, 4):
         k, v = torch.randn(2, 3, T, 4), torch.randn(2, 3, T, 4)
         parts.append((k, v))
@@ -355,7 +356,7 @@ def test_roomy_cache_layer_matches_concatenation():
 def test_kv_cache_reuse_falls_back_for_sliding_window(tiny_model_dir, short_env, tmp_path):
     """A cache that cannot be spliced (sliding-window layers) switches the policy to re-encoding, same replies."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
-    llama, tok = sample.load_model(tiny_model_dir, device="cpu")
+    llama, tok = common.load_model(tiny_model_dir, device="cpu")
     cfg = {k: v for k, v in llama.config.to_dict().items() if k not in ("architectures", "model_type")}
     MistralForCausalLM(MistralConfig(**cfg, sliding_window=8)).save_pretrained(tmp_path / "sw")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "sw")
@@ -448,38 +449,38 @@ def test_rollout_group_sampled_share_example(tiny_model, short_env):
 
 
 def test_load_env_errors():
-    env = sample.load_env("tictactoe", '{"max_random_move_prob": 0.5}')
+    env = common.load_env("tictactoe", '{"max_random_move_prob": 0.5}')
     assert env.hi == 0.5
-    assert sample.load_env("tictactoe", "").hi == 1.0
+    assert common.load_env("tictactoe", "").hi == 1.0
     with pytest.raises(SystemExit, match=r"no environment 'nope'.*found: .*tictactoe"):
-        sample.load_env("nope")
+        common.load_env("nope")
     with pytest.raises(SystemExit, match="not valid JSON"):
-        sample.load_env("tictactoe", "{max_random_move_prob: 0.5")
+        common.load_env("tictactoe", "{max_random_move_prob: 0.5")
     with pytest.raises(SystemExit) as e:
-        sample.load_env("tictactoe", {"bogus_key": 1})
+        common.load_env("tictactoe", {"bogus_key": 1})
     msg = str(e.value)
     assert "bogus_key" in msg and "min_random_move_prob" in msg and "max_turns" in msg
     with pytest.raises(SystemExit, match="max_random_move_prob"):
-        sample.load_env("tictactoe", {"max_random_move_prob": 2.0})
+        common.load_env("tictactoe", {"max_random_move_prob": 2.0})
 
 
 def test_load_model_errors(tmp_path, no_template_model_dir):
     missing = str(tmp_path / "no_such_model")
     with pytest.raises(SystemExit) as e:
-        sample.load_model(missing, device="cpu")
+        common.load_model(missing, device="cpu")
     assert missing in str(e.value) and "could not load model" in str(e.value)
     empty = tmp_path / "empty_dir"
     empty.mkdir()
     with pytest.raises(SystemExit) as e:
-        sample.load_model(str(empty), device="cpu")
+        common.load_model(str(empty), device="cpu")
     assert str(empty) in str(e.value) and "not a complete save_pretrained model" in str(e.value)
     with pytest.raises(SystemExit, match="no chat template"):
-        sample.load_model(no_template_model_dir, device="cpu")
+        common.load_model(no_template_model_dir, device="cpu")
 
 
 def test_weights_dtype_keeps_trained_weights_fp32():
-    assert sample.weights_dtype("cuda") == torch.bfloat16  # sampling and evaluation on a GPU
-    assert sample.weights_dtype("cuda:0", train=True) == sample.weights_dtype("cpu") == torch.float32
+    assert common.weights_dtype("cuda") == torch.bfloat16  # sampling and evaluation on a GPU
+    assert common.weights_dtype("cuda:0", train=True) == common.weights_dtype("cpu") == torch.float32
     # why: one AdamW step at RL's learning rate moves each weight by ~lr, below bf16's rounding step for most weights
     w = torch.randn(4096) * 0.05
     moved = {}

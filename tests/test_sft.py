@@ -7,7 +7,8 @@ import sys
 import torch
 
 import env_tictactoe
-from sample import ChatTokens, load_model
+from common import load_model
+from sample import ChatTokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,7 +75,7 @@ def test_sft_loss_weights_assistant_and_context_tokens(tiny_model_dir):
 
 def test_shared_prefix_forward_equals_full_forward(tiny_model_dir):
     """decoder_hidden runs the rows' common prefix once: same hidden states and same gradients as the full forward."""
-    from sft import decoder_hidden
+    from common import decoder_hidden
     model, _ = load_model(tiny_model_dir)
     torch.manual_seed(0)
     shared = torch.randint(0, model.config.vocab_size, (1, 12)).expand(4, -1)

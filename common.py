@@ -1,0 +1,331 @@
+"""
+Plumbing shared by the scripts: loading environments and models, the KV caches the rollout engine continues,
+token logprobs for training, the run's flags, learning-rate schedule, checkpoints with exact resume, and log lines.
+
+Nothing here is RL or SFT: sample.py (rollouts), sft.py and rl.py (the algorithms) and eval.py import it.
+"""
+import functools
+import importlib
+import inspect
+import json
+import math
+import os
+import random
+import shutil
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# ----------------------------------------------------------------------------- environments
+
+
+def parse_env_args(env_args):
+    """--env_args: a JSON object string (or an already parsed dict)."""
+    if isinstance(env_args, dict):
+        return env_args
+    try:
+        parsed = json.loads(env_args) if env_args and env_args.strip() else {}
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"max_random_move_prob\": 0.5}}'")
+    if not isinstance(parsed, dict):
+        raise SystemExit(f"--env_args must be a JSON object of keyword arguments, got {env_args!r}")
+    return parsed
+
+
+def load_env(name, env_args=None, defaults=None):
+    """Import env_NAME.py and call its load_environment(**env_args); env_args may be a JSON string. `defaults` are
+    keyword arguments passed where load_environment takes them and env_args does not set them."""
+    env_args = parse_env_args(env_args)
+    try:
+        module = importlib.import_module(f"env_{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"env_{name}":
+            raise
+        found = sorted(f[4:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__))) if f.startswith("env_") and f.endswith(".py"))
+        raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() (found: {', '.join(found)})")
+    accepted = inspect.signature(module.load_environment).parameters
+    env_args = {**{k: v for k, v in (defaults or {}).items() if k in accepted}, **env_args}
+    try:
+        return module.load_environment(**env_args)
+    except TypeError as e:
+        raise SystemExit(f"bad --env_args for {name}: {e}; it accepts {list(accepted)}")
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"bad --env_args for {name}: {e}")
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def pick_device(device="auto"):
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def weights_dtype(device, train=False):
+    return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
+
+
+def load_model(path, device="auto", train=False):
+    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling and
+    evaluation, fp32 on CPU and wherever the model is trained (train=True): an AdamW update at RL's learning rates
+    is smaller than bf16's rounding step for most weights and would be lost, so training keeps fp32 weights and runs
+    its forward under bf16 autocast."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
+    device = pick_device(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=weights_dtype(device, train), attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        hint = ("it is not a local directory and could not be fetched from the hub (no network?). Pass a directory "
+                "saved with save_pretrained (e.g. out/sft), or build one offline with `python sft.py --model scratch`"
+                if not os.path.isdir(path) else "the directory is not a complete save_pretrained model")
+        raise SystemExit(f"could not load model {path!r}: {hint}.\n  ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
+    if not tokenizer.chat_template:
+        raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set tokenizer.chat_template "
+                         "and save it (sft.py --model scratch writes one)")
+    if device.startswith("cuda"):
+        # cuDNN's attention builds a new plan for every new shape, ~11 ms of CPU each (measured on an H100): in a
+        # rollout the keys grow by one every token, so it took over 80% of the time, the GPU idle. Flash and
+        # memory-efficient attention don't.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return model.to(device).eval(), tokenizer
+
+
+def train_autocast(device):
+    """The forward's autocast while training: bf16 on a GPU (the weights stay fp32, load_model(train=True)), off on CPU."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+# ----------------------------------------------------------------------------- KV caches that can be continued
+
+
+def plain_cache_layers(cache):
+    """[(keys (B, H, T, D), values)] per layer when every layer of `cache` is plain full attention, so that its
+    rows and columns can be sliced, stacked or broadcast into a new DynamicCache; else None (sliding windows and
+    recurrent layers cannot be)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    if isinstance(cache, DynamicCache) and all(type(l) in (DynamicLayer, _roomy_layer()) for l in cache.layers):
+        return [(l.keys, l.values) for l in cache.layers]
+    return None
+
+
+def roomy_cache(n_layers, capacity):
+    """An empty DynamicCache whose layers keep `capacity` positions of room and write each step's keys/values in
+    place. The plain DynamicLayer torch.cat()s the whole cache at every decoding step: with a continued cache of
+    200 episodes that copying was half of a CPU evaluation's time."""
+    from transformers.cache_utils import Cache, DynamicCache
+    cache = DynamicCache.__new__(DynamicCache)
+    Cache.__init__(cache, layers=[_roomy_layer()(capacity) for _ in range(n_layers)])
+    return cache
+
+
+@functools.cache
+def _roomy_layer():
+    from transformers.cache_utils import DynamicLayer  # imported here: scripted and API runs never load transformers
+
+    class RoomyLayer(DynamicLayer):
+        def __init__(self, capacity):
+            super().__init__()
+            self.capacity, self.used = capacity, 0
+
+        def update(self, key_states, value_states, *args, **kwargs):  # (B, H, T, D) each
+            B, H, T, D = key_states.shape
+            if not self.is_initialized or self.used + T > self.buf_k.shape[2]:  # (re)allocate, keep what is there
+                self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+                room = max(self.capacity, 2 * (self.used + T))
+                old = (self.buf_k, self.buf_v) if self.used else None
+                self.buf_k, self.buf_v = (key_states.new_empty((B, H, room, D)) for _ in range(2))
+                if old:
+                    self.buf_k[:, :, :self.used], self.buf_v[:, :, :self.used] = old[0][:, :, :self.used], old[1][:, :, :self.used]
+            self.buf_k[:, :, self.used:self.used + T], self.buf_v[:, :, self.used:self.used + T] = key_states, value_states
+            self.used += T
+            self.keys, self.values = self.buf_k[:, :, :self.used], self.buf_v[:, :, :self.used]  # views, no copy
+            return self.keys, self.values
+
+    return RoomyLayer
+
+
+# ----------------------------------------------------------------------------- token logprobs (the training forward)
+
+
+def pad_batch(seqs, pad_id, device):
+    """Right-pad lists of ids (and matching lists) into (B, T) tensors."""
+    width = max(len(s) for s in seqs[0])
+    out = []
+    for rows, fill in zip(seqs, (pad_id,) + (0,) * (len(seqs) - 1)):
+        t = torch.full((len(rows), width), fill, dtype=torch.long if isinstance(rows[0][0], int) else torch.float)
+        for b, r in enumerate(rows):
+            t[b, :len(r)] = torch.tensor(r, dtype=t.dtype)
+        out.append(t.to(device))
+    return out
+
+
+def token_microbatches(lengths, budget):
+    """Group sequence indices into micro-batches of at most `budget` padded tokens (one long sequence alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[cur[0]] > budget:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    return batches + ([cur] if cur else [])
+
+
+def decoder_hidden(model, ids):
+    """Last hidden states (B, T, H) of right-padded rows (no attention mask needed: padding comes last).
+
+    Rows of a batch all start with the same tokens (system prompt, chat header, often the first user turn):
+    that common prefix runs once, for one row, and its keys/values are broadcast to every row as the cache the
+    rest attends to. Same result as the full forward, (B-1)/B of the prefix's cost saved, gradients flow into
+    the shared part. Falls back to the full forward for caches that cannot be broadcast (sliding windows,
+    recurrent layers) and under gradient checkpointing (which turns the cache off)."""
+    from transformers import DynamicCache
+    decoder = model.get_decoder()
+    B, T = ids.shape
+    prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # common prefix length
+    if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
+        return decoder(input_ids=ids).last_hidden_state
+    head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+    kv = plain_cache_layers(head.past_key_values)
+    if kv is None:
+        return decoder(input_ids=ids).last_hidden_state
+    # (1, heads, prefix, D) -> (B, heads, prefix, D), views: the backward sums over rows
+    cache = DynamicCache([(K.expand(B, -1, -1, -1), V.expand(B, -1, -1, -1)) for K, V in kv])
+    rest = decoder(input_ids=ids[:, prefix:], past_key_values=cache).last_hidden_state  # (B, T-prefix, H)
+    return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
+
+
+def token_logprobs(model, ids, mask, temp, chunk=2048):
+    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
+
+    ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
+    under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
+    hidden = decoder_hidden(model, ids)  # (B, T, H)
+    sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
+    h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
+    head = model.get_output_embeddings()
+
+    def piece(h, t):
+        logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+        return logp.gather(1, t[:, None]).squeeze(1), entropy
+    outs = [checkpoint(piece, h[i:i + chunk], targets[i:i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)]
+    if not outs:
+        return hidden.new_zeros(0, dtype=torch.float), hidden.new_zeros(0, dtype=torch.float)
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+# ----------------------------------------------------------------------------- a training run: flags, schedule, checkpoints, exact resume
+
+
+def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_n, save_every):
+    """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=warmup, help="linear lr warm-up steps")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default=schedule, help="lr schedule after warm-up")
+    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
+    p.add_argument("--token_budget", type=int, default=token_budget, help="max padded tokens per micro-batch (gradient accumulation above it)")
+    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing in the transformer (less memory, slower)")
+    p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
+    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
+    p.add_argument("--eval_every", type=int, default=eval_every, help="greedy game evaluation every N steps (0: only at the end)")
+    p.add_argument("--eval_n", type=int, default=eval_n, help="games per evaluation setting (opponent)")
+    p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    return p
+
+
+def lr_at(step, lr, warmup, total, schedule):
+    """Linear warm-up, then constant or cosine decay to 10% of lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "cosine" and total > warmup:
+        return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup)))))
+    return lr
+
+
+def checkpoint_to_resume(args):
+    """True when --resume finds a checkpoint in DIR (and says so when it does not)."""
+    found = args.resume and os.path.exists(os.path.join(args.out, "trainer_state.pt"))
+    if args.resume and not found:
+        print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
+    return found
+
+
+def start_or_resume(args, opt, resume):
+    """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint
+    and drop log lines written after it (they are redone). Returns the trainer state: its "step" is the step to
+    start from (0 for a fresh run), the rest what the script saved with it."""
+    state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
+    if not resume:
+        if os.path.exists(metrics_path):
+            os.remove(metrics_path)
+        return {"step": 0}
+    ts = torch.load(state_path, weights_only=False)
+    opt.load_state_dict(ts["optimizer"])
+    set_rng_state(ts["rng"])
+    if os.path.exists(metrics_path):
+        rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= ts["step"]]
+        open(metrics_path, "w").writelines(rows)
+    print(f"resumed from {args.out} at step {ts['step']}")
+    return ts
+
+
+def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
+    """save_pretrained + trainer state into OUT.tmp, then swap it in: a crash never leaves half a checkpoint."""
+    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+    for name, obj in extra_json.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            json.dump(obj, f, indent=2)
+    if os.path.isdir(out):  # keep logs and data that live beside the weights
+        for name in os.listdir(out):
+            if name.endswith(".jsonl") or name.endswith(".png") or name.startswith("eval"):
+                src = os.path.join(out, name)
+                if not os.path.exists(os.path.join(tmp, name)):
+                    shutil.move(src, os.path.join(tmp, name))
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def rng_state():
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s):
+    random.setstate(s["python"])
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+# ----------------------------------------------------------------------------- log lines
+
+
+def log_line(step, metrics, path=None):
+    """One grep-able line per step, and the same as a JSON line in `path`."""
+    parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+    print(" | ".join(parts), flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def log_eval(step, results, path):
+    """The log line of an evaluate_standard() result: rates and mean reward per setting."""
+    for name, (s, _) in results.items():
+        log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, path)
