@@ -297,10 +297,10 @@ def main():
     p.add_argument("--ppo_epochs", type=int, default=1, help="passes over each batch")
     p.add_argument("--minibatch", type=int, default=0, help="episodes per optimizer step (0: the whole batch)")
     p.add_argument("--max_bad_steps", type=int, default=3, help="stop after this many non-finite updates in a row")
-    p.add_argument("--exploit", type=int, default=0, help="tictactoe: every N steps, certify the greedy policy (every opponent "
-                   "line, as eval.py --certify) and make up to half of each step's examples replays of the lines where it "
-                   "made a mistake, against an optimal opponent after the line: an exploiter; the weights with the best "
-                   "certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
+    p.add_argument("--exploit", type=int, default=0, help="every N steps the environment's exploit() hook (tictactoe: the "
+                   "certificate, the greedy policy against every opponent line, as eval.py --certify) finds the lines where "
+                   "the greedy policy errs, and up to half of each step's examples replay them: an exploiter; the weights "
+                   "of the best certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args()
     if args.batch % args.group:

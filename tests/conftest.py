@@ -103,7 +103,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir):
-    """(model, tokenizer) loaded back from tiny_model_dir with sample.load_model, on CPU."""
+    """(model, tokenizer) loaded back from tiny_model_dir with common.load_model, on CPU."""
     import common
     return common.load_model(tiny_model_dir, device="cpu")
 

@@ -306,3 +306,22 @@ def test_rl_raises_the_rewarded_reply(letters_model_dir, tmp_path, monkeypatch, 
     assert before < 0.15, "the fixture's model should start near 1/11"
     assert after > 0.5, f"P(A) {before:.3f} -> {after:.3f}: RL did not learn the rewarded reply"
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
+
+
+def test_rl_steps_at_the_scheduled_learning_rate(letters_model_dir, tmp_path, monkeypatch, torch_single_thread):
+    """Each optimizer step runs at lr_at(step): the warm-up and the decay reach AdamW, not only the log line."""
+    from common import lr_at
+    (tmp_path / "env_letters.py").write_text(LETTERS_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    used, adamw_step = [], torch.optim.AdamW.step
+
+    def recording_step(self, *a, **kw):
+        used.append(self.param_groups[0]["lr"])
+        return adamw_step(self, *a, **kw)
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", letters_model_dir, "--env", "letters", "--batch", "8", "--group", "4",
+                                      "--steps", "4", "--lr", "1e-3", "--warmup", "2", "--schedule", "cosine", "--max_new_tokens", "1",
+                                      "--eval_every", "0", "--eval_n", "1", "--save_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
+    rl.main()
+    assert used == pytest.approx([lr_at(s, 1e-3, 2, 4, "cosine") for s in range(4)])
+    assert used[0] < used[1] and used[3] < used[2]  # the warm-up, then the decay, reached the optimizer
