@@ -240,20 +240,12 @@ def test_trainer_logprobs_match_sampler_at_temperature(sharp_model_dir, short_en
 LETTERS_ENV = '''
 """A test environment: answer one letter; only "A" is rewarded."""
 class Letters:
-    system_prompt = "Say A B C or D"
-    reward_weights = {"a": 1.0}
-    max_turns = 1
-    def examples(self, n, seed=0):
-        return [{"seed": seed * 1000 + i} for i in range(n)]
-    def reset(self, example):
-        return {"reply": None}, "letter"
-    def step(self, state, reply):
-        state["reply"] = reply.strip()
-        return None
-    def rewards(self, state):
-        return {"a": float(state["reply"] == "A")}
-def load_environment():
-    return Letters()
+    system_prompt, reward_weights, max_turns = "Say A B C or D", {"a": 1.0}, 1
+    def examples(self, n, seed=0): return [{"seed": seed * 1000 + i} for i in range(n)]
+    def reset(self, example): return {"reply": None}, "letter"
+    def step(self, state, reply): state["reply"] = reply.strip()  # None: the episode is over
+    def rewards(self, state): return {"a": float(state["reply"] == "A")}
+load_environment = Letters
 '''
 
 
