@@ -30,7 +30,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from common import load_env, load_model, parse_env_args, plain_cache_layers, roomy_cache
+from common import load_env, load_model, plain_cache_layers, roomy_cache
 
 # ----------------------------------------------------------------------------- environments
 
@@ -368,10 +368,9 @@ def play_human(env_name, env_args, policy):
             if text.isdigit() and int(text) in free:
                 return int(text)
             print("not a free cell, try again")
-    try:
-        env = load_env(env_name, {**parse_env_args(env_args), "opponent": ask})
-    except SystemExit as e:
-        raise SystemExit(f"--play needs a game environment with an opponent (tictactoe): {e}") from None
+    env = load_env(env_name, env_args, defaults={"opponent": ask})  # passed where load_environment takes one
+    if getattr(env, "opponent", None) is not ask:
+        raise SystemExit(f"--play needs a game environment that takes an opponent (tictactoe), not {env_name!r}")
     try:
         _play_games(env, policy)
     except (EOFError, KeyboardInterrupt):
