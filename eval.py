@@ -196,12 +196,12 @@ def certify(env, policy, out=None, progress=True):
 
 def write_report(out, times, teacher_p, sft_args, rl_args, env_args):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
-    {optimal,random,certify}; times = (SFT, RL, total) in seconds; the arguments name the run's recipe."""
+    {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the arguments name the run's recipe."""
     import platform
-    t_sft, t_rl, t_all = times
+    t_sft, t_rl, t_all = times or (None, None, None)
     load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
     res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
-    res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)}
+    res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)} if times else None
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
     best = os.path.join(out, "rl_best", "certificate.json")
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
@@ -229,7 +229,7 @@ def write_report(out, times, teacher_p, sft_args, rl_args, env_args):
     nl = "\n"
     report = f"""# speedrun report
 
-Machine: {res['machine']}. Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s.
+Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
 
 ## Greedy play, {n} games per opponent
 {nl.join(rows)}
@@ -270,7 +270,7 @@ def main():
     p.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md and OUT/results.json from the "
                    "evaluations speedrun.sh left in OUT/eval (no model is loaded); with --times, --sft_args, --rl_args, "
                    "--random_move_prob (the teacher's) and --env_args (the evaluation's) naming the run")
-    p.add_argument("--times", type=int, nargs=3, default=(0, 0, 0), metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
+    p.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
     args = p.parse_args()
