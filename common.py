@@ -85,12 +85,17 @@ def load_model(path, device="auto", train=False):
     if not tokenizer.chat_template:
         raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set tokenizer.chat_template "
                          "and save it (sft.py --model scratch writes one)")
+    return on_device(model, device), tokenizer
+
+
+def on_device(model, device):
+    """The model on `device`, in eval mode, with the attention settings the rollouts need there."""
     if device.startswith("cuda"):
         # cuDNN's attention builds a new plan for every new shape, ~11 ms of CPU each (measured on an H100): in a
         # rollout the keys grow by one every token, so it took over 80% of the time, the GPU idle. Flash and
         # memory-efficient attention don't.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval()
 
 
 def train_autocast(device):

@@ -277,7 +277,8 @@ def plot(metrics_path, png):
 # ----------------------------------------------------------------------------- 5. the loop
 
 
-def main():
+def parse_args(argv=None):
+    """rl.py's flags (bench.py reads the same defaults)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory to start from (default: the SFT output)")
     p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
@@ -303,11 +304,16 @@ def main():
                    "the greedy policy errs, and up to half of each step's examples replay them: an exploiter; the weights "
                    "of the best certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.batch % args.group:
         raise SystemExit(f"--batch {args.batch} must be a multiple of --group {args.group}")
     if args.group < 2:
         raise SystemExit(f"--group {args.group}: the advantage compares rollouts of the same example, so it needs at least 2")
+    return args
+
+
+def main():
+    args = parse_args()
 
     # ---- setup
     t_start = time.time()

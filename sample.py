@@ -121,10 +121,11 @@ class _RecordLogprobs:
 
 class HFPolicy:
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                 reuse_cache=True):
+                 reuse_cache=True, min_new_tokens=0):
         self.model, self.tokenizer = model, tokenizer
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
+        self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
         self.reuse_cache = reuse_cache  # switched off by the first cache that is not plain full attention
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
@@ -186,7 +187,7 @@ class HFPolicy:
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
                 max_new_tokens=self.max_new_tokens, eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id,
-                logits_processor=[record], return_dict_in_generate=True, **sampling)
+                logits_processor=[record], return_dict_in_generate=True, min_new_tokens=self.min_new_tokens, **sampling)
         new = out.sequences[:, width:].cpu()  # (B, L)
         record.collect(out.sequences[:, -1])
         logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)
