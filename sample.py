@@ -21,6 +21,7 @@ A policy maps a batch of unfinished episodes to one reply each. Three kinds shar
 """
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
 import random
@@ -30,7 +31,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from common import load_env, load_model, plain_cache_layers, roomy_cache
+from common import load_env, load_model
 
 # ----------------------------------------------------------------------------- environments
 
@@ -96,138 +97,325 @@ def _as_list(x):
     return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class _RecordLogprobs:
-    """Logits processor that keeps the logprob of each sampled token under softmax(logits / temp).
+# ----------------------------------------------------------------------------- the decoding engine
 
-    generate() applies it before its own temperature/top-p warpers, so it sees the model's logits. At each
-    step it gathers the token chosen at the previous step: memory stays (B, V) instead of (B, T, V)."""
 
-    def __init__(self, temp):
-        self.temp, self.prev, self.out = (temp if temp > 0 else 1.0), None, []
+def plain_attention(config):
+    """True when every layer of the model is softmax attention over its own keys and values (full or in a sliding
+    window), so that a RowCache can hold them; recurrent layers (LFM2's convolutions, Qwen3.5's linear attention)
+    carry a state that a padded forward would disturb."""
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    return set(types) <= {"full_attention", "sliding_attention"}
 
-    def __call__(self, input_ids, scores):
-        self.collect(input_ids[:, -1])
-        self.prev = torch.log_softmax(scores.float() / self.temp, dim=-1)  # (B, V)
-        return scores
 
-    def collect(self, tokens):
-        if self.prev is not None:
-            self.out.append(self.prev.gather(1, tokens[:, None]).squeeze(1))  # (B,)
-            self.prev = None
+def sliding_window(config):
+    """(window, only some layers): the sliding window of a model's attention, None if it has none; `only some
+    layers` when the config's layer_types mix sliding and full attention (Gemma 3), whose masks are then given per
+    layer type. Without layer_types a window applies to every layer (Mistral)."""
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if types is not None:
+        return (window, True) if "sliding_attention" in types else (None, False)
+    return window, False
+
+
+class RowCache:
+    """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for
+    its whole game. A forward writes each row's new tokens at that row's own positions (`write`, (B, W)), so a
+    turn appends at the row's end and nothing is copied between turns; episodes that finished leave at a turn
+    boundary (keep(): the rows still playing move to the front). Layers call update() as they call a transformers
+    Cache's and attend the first `span` positions of every row, with a mask that shows each row its own."""
+
+    def __init__(self, episodes, dtype):
+        self.episodes, self.dtype, self.capacity = list(episodes), dtype, 0
+        self.keys, self.values = {}, {}  # layer -> (B, H, capacity, D); the last position takes padding's writes
+        self.lengths = None  # (B,) tokens cached per row, on the model's device
+        self.write, self.span = None, 0
+
+    def update(self, keys, values, layer, *args, **kwargs):  # (B, H, W, D) each
+        B, H, W, D = keys.shape
+        if layer not in self.keys:
+            self.keys[layer], self.values[layer] = (keys.new_zeros((B, H, self.capacity, D), dtype=self.dtype) for _ in range(2))
+        K, V = self.keys[layer][:B], self.values[layer][:B]
+        rows = torch.arange(B, device=keys.device)[:, None]  # (B, 1) with write (B, W): one entry per token
+        K[rows, :, self.write] = keys.transpose(1, 2).to(self.dtype)  # (B, W, H, D)
+        V[rows, :, self.write] = values.transpose(1, 2).to(self.dtype)
+        return K[:, :, :self.span], V[:, :, :self.span]
+
+    def keep(self, episodes):
+        """Only `episodes` play on: their rows move to the front, in the cache's order, which is returned."""
+        going_on = {id(ep) for ep in episodes}
+        index = [i for i, ep in enumerate(self.episodes) if id(ep) in going_on]
+        if index != list(range(len(index))):
+            for buffers in (self.keys, self.values):
+                for layer, buf in buffers.items():
+                    buf[:len(index)] = buf[torch.tensor(index, device=buf.device)]  # a copy of one layer at a time
+        self.episodes = [self.episodes[i] for i in index]
+        return self.episodes
+
+    def reserve(self, positions, room):
+        """Room for `positions` per row (+ the padding slot); when it grows, `room` more, so that it rarely grows."""
+        if positions + 1 <= self.capacity:
+            return
+        old, self.capacity = self.capacity, positions + 1 + room
+        n = len(self.episodes)
+        for buffers in (self.keys, self.values):
+            for layer, buf in buffers.items():  # one layer at a time: never two copies of the whole cache
+                new = buf.new_zeros((n, buf.shape[1], self.capacity, buf.shape[3]))
+                new[:, :, :old - 1] = buf[:n, :, :old - 1]
+                buffers[layer] = new
+
+
+@functools.cache
+def _grouped_attention():
+    """Registers (once) and names an attention function for RowCache: SDPA with the row masks, each KV head's
+    query heads stacked along the query axis instead of copying the keys and values for every query head
+    (transformers' SDPA path does that copy whenever a mask is given)."""
+    from transformers import AttentionInterface
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        B, Hq, W, D = query.shape  # key, value: (B, Hkv, span, D); mask: (B, 1, W, span)
+        G = Hq // key.shape[1]
+        query = query.reshape(B, key.shape[1], G * W, D)
+        mask = attention_mask[:, :, None].expand(B, 1, G, W, attention_mask.shape[-1]).reshape(B, 1, G * W, -1)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+        return out.view(B, Hq, W, D).transpose(1, 2).contiguous(), None  # (B, W, Hq, D)
+
+    AttentionInterface.register("rollout_rows", attention)
+    return "rollout_rows"
+
+
+class _Attention:
+    """Within this context the model's layers use `implementation` (the config is read at every forward)."""
+
+    def __init__(self, model, implementation):
+        self.config, self.implementation = model.config, implementation
+
+    def __enter__(self):
+        self.saved = self.config._attn_implementation
+        if self.implementation:
+            self.config._attn_implementation = self.implementation
+
+    def __exit__(self, *exc):
+        self.config._attn_implementation = self.saved
 
 
 # ----------------------------------------------------------------------------- policies
 
 
 class HFPolicy:
+    """A Hugging Face causal LM as a policy, on its own decoding loop over the same model (see the module doc).
+
+    Plain-attention models (Llama, Qwen3, Gemma 3, ...): each rollout batch of up to `batch_size` episodes keeps one
+    RowCache for the whole game; a turn encodes only each row's new tokens (the previous reply's last token, the
+    environment's message) and decodes from there. On a GPU every decoding step is one CUDA graph: one forward and
+    the sampling, without the per-token Python and kernel launches of generate(). Other models (LFM2, Qwen3.5)
+    re-encode the conversation every turn with the model's own cache (`reuse_cache` False does that for all)."""
+
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                  reuse_cache=True, min_new_tokens=0):
         self.model, self.tokenizer = model, tokenizer
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
-        self.reuse_cache = reuse_cache  # switched off by the first cache that is not plain full attention
+        self.reuse_cache = reuse_cache and plain_attention(model.config)
+        self.window, self.window_layers_only = sliding_window(model.config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
-        # on a GPU, sample under bf16 autocast, as the model trains (a model being trained keeps fp32 weights,
-        # load_model), and keep the KV cache in bf16: fp32 keys doubled it, and a 1.7B model at batch 256 ran out
-        # of an H100's memory in its rollout
-        self.autocast = model.device.type == "cuda"
+        # on a GPU: sample under bf16 autocast, as the model trains (a trained model keeps fp32 weights, load_model),
+        # keep the KV cache in bf16, and replay each decoding step as a CUDA graph
+        self.autocast = self.cuda_graphs = model.device.type == "cuda"
 
     def __call__(self, episodes):
         for ep in episodes:  # bring each trajectory up to the generation prompt of this turn
             if "ids" not in ep:
                 ids = self.chat.prompt_ids(ep["messages"])
-                ep.update(ids=ids, mask=[0] * len(ids), logprobs=[0.0] * len(ids))
+                ep.update(ids=ids, mask=[0] * len(ids), logprobs=[0.0] * len(ids), kv_len=0)
             else:
                 new = self.chat.user_turn_ids(ep["messages"][-1]["content"])
                 ep["ids"] += new
                 ep["mask"] += [0] * len(new)
                 ep["logprobs"] += [0.0] * len(new)
-        replies = []
-        for i in range(0, len(episodes), self.batch_size):
-            replies += self._generate(episodes[i:i + self.batch_size])
-        return replies
+        batches = []  # (RowCache or None, its episodes)
+        if self.reuse_cache:  # episodes go on in their rollout batch; new ones start batches of up to batch_size
+            caches = {id(ep["kv"]): ep["kv"] for ep in episodes if "kv" in ep}
+            batches = [(cache, cache.keep(episodes)) for cache in caches.values()]
+            new = [ep for ep in episodes if "kv" not in ep]
+            for i in range(0, len(new), self.batch_size):
+                cache = RowCache(new[i:i + self.batch_size], torch.bfloat16 if self.autocast else self.model.dtype)
+                for ep in cache.episodes:
+                    ep["kv"] = cache
+                batches.append((cache, cache.episodes))
+        else:
+            batches = [(None, episodes[i:i + self.batch_size]) for i in range(0, len(episodes), self.batch_size)]
+        replies = {}
+        for cache, batch in batches:
+            replies.update(zip(map(id, batch), self._turn(batch, cache)))
+        return [replies[id(ep)] for ep in episodes]
 
     @torch.no_grad()
-    def _generate(self, episodes):
-        """One generate() call for a batch of trajectories, each continued from its own KV cache.
-
-        Re-encoding the whole conversation every turn (system prompt and all earlier turns) costs more than the
-        reply itself on a CPU, so each episode keeps the keys/values of the tokens already encoded (`kv`, the
-        first `kv_len` ids). A batch lays each row out as [pad | cached ids][pad | new ids]: the cached part
-        right-aligned at column `cached`, the new tokens right-aligned at the end, the pads masked. generate() then
-        encodes only the new columns; positions come from the attention mask, so the holes change nothing."""
+    def _turn(self, episodes, cache):
+        """One turn of a batch: encode what is new, sample every reply, append them to the trajectories."""
         device = self.model.device
-        kv_lens = [ep.get("kv_len", 0) if self.reuse_cache else 0 for ep in episodes]
-        cached = max(kv_lens)  # columns of the cached part
-        width = cached + max(len(ep["ids"]) - kv_len for ep, kv_len in zip(episodes, kv_lens))
-        input_ids = torch.full((len(episodes), width), self.pad_id, dtype=torch.long)  # (B, T)
-        attention = torch.zeros((len(episodes), width), dtype=torch.long)
-        for b, (ep, kv_len) in enumerate(zip(episodes, kv_lens)):
-            new = ep["ids"][kv_len:]
-            input_ids[b, cached - kv_len:cached] = torch.tensor(ep["ids"][:kv_len], dtype=torch.long)
-            input_ids[b, width - len(new):] = torch.tensor(new)
-            attention[b, cached - kv_len:cached], attention[b, width - len(new):] = 1, 1
-        cache = None
-        if cached:  # (B, H, cached, D) per layer: each episode's keys/values right-aligned, zeros where masked
-            donor = next(ep["kv"] for ep, kv_len in zip(episodes, kv_lens) if kv_len)
-            cache = roomy_cache(len(donor), capacity=width + self.max_new_tokens)
-            for layer, (ref, _) in enumerate(donor):
-                keys = ref.new_zeros((len(episodes), ref.shape[0], cached, ref.shape[2]))
-                values = keys.clone()
-                for b, (ep, kv_len) in enumerate(zip(episodes, kv_lens)):
-                    if kv_len:
-                        keys[b, :, cached - kv_len:], values[b, :, cached - kv_len:] = ep["kv"][layer]
-                        ep["kv"][layer] = None  # in the batch's cache now: do not hold it twice
-                cache.update(keys, values, layer)
-        record = _RecordLogprobs(self.temp)
-        sampling = dict(do_sample=True, temperature=self.temp, top_p=self.top_p, top_k=0) if self.temp > 0 else dict(do_sample=False)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
-                max_new_tokens=self.max_new_tokens, eos_token_id=self.chat.stop_ids, pad_token_id=self.pad_id,
-                logits_processor=[record], return_dict_in_generate=True, min_new_tokens=self.min_new_tokens, **sampling)
-        new = out.sequences[:, width:].cpu()  # (B, L)
-        record.collect(out.sequences[:, -1])
-        logprobs = torch.stack(record.out, 1).cpu() if record.out else torch.zeros_like(new, dtype=torch.float)  # (B, L)
-        kept = self._cache_layers(out.past_key_values)
-        encoded = kept[0][0].shape[2] if kept else 0  # columns in the cache: the last sampled token never went in
-        replies, cols = [], []
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast), \
+                _Attention(self.model, _grouped_attention() if cache else None):
+            logits, step = self._continue(episodes, cache) if cache else self._reencode(episodes)
+            if self.cuda_graphs and cache:
+                step = self._graphed(step, cache)
+            tokens, logprobs, n_sampled = self._sample_replies(logits, step)
+        tokens, logprobs, n_sampled = tokens.cpu(), logprobs.cpu(), n_sampled.tolist()
+        replies = []
         for b, ep in enumerate(episodes):
-            toks, lps = new[b].tolist(), logprobs[b].tolist()
-            stop = next((i for i, t in enumerate(toks) if t in self.chat.stop_ids), None)
-            toks, lps = (toks[:stop + 1], lps[:stop + 1]) if stop is not None else (toks, lps)
-            if kept:  # this episode's encoded tokens: its unmasked input columns + its reply, as far as encoded
-                c = torch.cat([attention[b].nonzero().squeeze(1), width + torch.arange(len(toks))])
-                cols.append(c[c < encoded].to(device))
+            toks, lps = tokens[b, :n_sampled[b]].tolist(), logprobs[b, :n_sampled[b]].tolist()
+            stopped = toks[-1] in self.chat.stop_ids
+            if cache:  # every sampled token but the last went into the cache
+                ep["kv_len"] = len(ep["ids"]) + len(toks) - 1
             self.gen_tokens += len(toks)
             ep["ids"] += toks
             ep["mask"] += [1] * len(toks)
             ep["logprobs"] += lps
-            if not toks or toks[-1] != self.chat.eot_id:  # cut off (or another eos): close the turn, not trained on
+            if toks[-1] != self.chat.eot_id:  # cut off (or another eos): close the turn, not trained on
                 ep["ids"].append(self.chat.eot_id)
                 ep["mask"].append(0)
                 ep["logprobs"].append(0.0)
-            ep["truncated"] = ep.get("truncated", 0) + (stop is None)
-            replies.append(self.tokenizer.decode(toks[:stop] if stop is not None else toks, skip_special_tokens=True))
-        if kept:  # each episode's own cache, in bf16 under autocast (the keys of fp32 weights come out in fp32)
-            dt = torch.bfloat16 if self.autocast else self.model.dtype
-            for ep, c in zip(episodes, cols):
-                ep["kv"], ep["kv_len"] = [], len(c)
-            for layer in range(len(kept)):  # layer by layer, each freed once copied: never two copies of it all
-                keys, values = kept[layer]
-                for b, (ep, c) in enumerate(zip(episodes, cols)):
-                    ep["kv"].append((keys[b][:, c].to(dt), values[b][:, c].to(dt)))
-                kept[layer] = out.past_key_values.layers[layer] = keys = values = None
+            ep["truncated"] = ep.get("truncated", 0) + (not stopped)
+            replies.append(self.tokenizer.decode(toks[:-1] if stopped else toks, skip_special_tokens=True))
         return replies
 
-    def _cache_layers(self, cache):
-        """plain_cache_layers(cache) while reuse is on; the first cache that cannot be continued switches to
-        re-encoding from then on."""
-        kept = plain_cache_layers(cache) if self.reuse_cache else None
-        self.reuse_cache = kept is not None
-        return kept
+    def _continue(self, episodes, cache):
+        """Prefill of a RowCache turn: each row's tokens not yet cached, right-aligned so that the last column holds
+        every row's last token; padding columns write to the cache's spare last position and look at position 0.
+        Returns the logits (B, V) of the first reply token and the decoding step."""
+        device, B = self.model.device, len(episodes)
+        pending = [ep["ids"][ep["kv_len"]:] for ep in episodes]
+        ends = [ep["kv_len"] + len(p) for ep, p in zip(episodes, pending)]
+        span = -(-(max(ends) + self.max_new_tokens) // 64) * 64  # key positions a step attends: fixed for the turn
+        cache.reserve(span, room=4 * (self.max_new_tokens + 64))
+        W = max(map(len, pending))
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)  # (B, W)
+        pos = torch.zeros((B, W), dtype=torch.long)
+        write = torch.full((B, W), cache.capacity - 1, dtype=torch.long)
+        real = torch.zeros((B, W), dtype=torch.bool)
+        for b, (ep, new) in enumerate(zip(episodes, pending)):
+            ids[b, W - len(new):] = torch.tensor(new)
+            pos[b, W - len(new):] = write[b, W - len(new):] = torch.arange(ep["kv_len"], ends[b])
+            real[b, W - len(new):] = True
+        pos, real = pos.to(device), real.to(device)
+        cache.write, cache.span, cache.lengths = write.to(device), span, torch.tensor(ends, device=device)
+        logits = self.model(input_ids=ids.to(device), position_ids=pos, attention_mask=self._masks(pos, real, span),
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        token_in, real1 = torch.zeros((B, 1), dtype=torch.long, device=device), torch.ones((B, 1), dtype=torch.bool, device=device)
+
+        def step(tokens):  # (B,) -> logits (B, V): one token per row at the row's end; no host sync, fixed shapes
+            token_in.copy_(tokens[:, None])
+            pos = cache.lengths[:, None]  # (B, 1)
+            cache.write = pos
+            out = self.model(input_ids=token_in, position_ids=pos, attention_mask=self._masks(pos, real1, span),
+                             past_key_values=cache, use_cache=True).logits[:, -1]
+            cache.lengths += 1
+            return out
+        return logits, step
+
+    def _masks(self, pos, real, span):
+        """(B, 1, W, span) masks, True where query (b, w) at position pos[b, w] may look: its row's positions up to its
+        own (within the sliding window for sliding layers); padding columns look at position 0 only (a row of no
+        keys at all would be NaN)."""
+        keys = torch.arange(span, device=pos.device)
+        seen = (keys <= pos[..., None]) & real[..., None]  # (B, W, span)
+        pad = (keys == 0) & ~real[..., None]
+        if self.window is None:
+            return (seen | pad)[:, None]
+        near = (seen & (keys > pos[..., None] - self.window) | pad)[:, None]
+        return {"full_attention": (seen | pad)[:, None], "sliding_attention": near} if self.window_layers_only else near
+
+    def _reencode(self, episodes):
+        """Models whose layers are not all attention: the whole conversation, left-padded, through the model's own
+        cache, every turn. Returns the first logits (B, V) and the decoding step."""
+        device, B = self.model.device, len(episodes)
+        W = max(len(ep["ids"]) for ep in episodes)
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
+        att = torch.zeros((B, W), dtype=torch.long)
+        for b, ep in enumerate(episodes):
+            ids[b, W - len(ep["ids"]):] = torch.tensor(ep["ids"])
+            att[b, W - len(ep["ids"]):] = 1
+        att = att.to(device)
+        pos = (att.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids.to(device), attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
+        state = {"cache": out.past_key_values, "att": att, "pos": pos[:, -1:]}
+
+        def step(tokens):  # (B,) -> logits (B, V)
+            state["att"] = torch.cat([state["att"], state["att"].new_ones((B, 1))], 1)
+            state["pos"] = state["pos"] + 1
+            return self.model(input_ids=tokens[:, None], attention_mask=state["att"], position_ids=state["pos"],
+                              past_key_values=state["cache"], use_cache=True).logits[:, -1]
+        return out.logits[:, -1], step
+
+    def _graphed(self, step, cache):
+        """The decoding step captured as a CUDA graph for this turn's batch and span: one launch per token instead of
+        a few hundred kernels. If capture fails the step runs as it is."""
+        lengths = cache.lengths.clone()
+        tokens = torch.zeros_like(lengths)
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step(tokens)  # warm-up outside the graph: kernels chosen, autocast's weight casts cached
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = step(tokens)
+        except RuntimeError as e:
+            print(f"CUDA graph capture failed ({str(e).splitlines()[0][:200]}); decoding without graphs")
+            self.cuda_graphs = False
+            cache.lengths.copy_(lengths)
+            return step
+        cache.lengths.copy_(lengths)  # the warm-up step wrote past every row's end (overwritten later) and counted it
+
+        def replay(new_tokens):
+            tokens.copy_(new_tokens)
+            graph.replay()
+            return logits
+        return replay
+
+    def _sample_replies(self, logits, step):
+        """Sample up to max_new_tokens per row from the first logits (B, V), feeding each token back through step().
+        Returns tokens (B, L), their logprobs under softmax(logits / temp) (temperature 1 when greedy), and the
+        number of tokens of each reply (B,), its stop token included."""
+        B, device = logits.shape[0], logits.device
+        stop_ids = torch.tensor(self.chat.stop_ids, device=device)
+        tokens = torch.zeros((B, self.max_new_tokens), dtype=torch.long, device=device)
+        logprobs = torch.zeros((B, self.max_new_tokens), device=device)
+        n_sampled = torch.full((B,), self.max_new_tokens, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
+        for t in range(self.max_new_tokens):
+            token, logprob = self._sample(logits, suppress_stop=t < self.min_new_tokens, stop_ids=stop_ids)
+            tokens[:, t], logprobs[:, t] = token, logprob
+            stopped = torch.isin(token, stop_ids) & ~done
+            n_sampled = torch.where(stopped, t + 1, n_sampled)
+            done |= stopped
+            if t + 1 == self.max_new_tokens or (t % check == check - 1 and bool(done.all())):
+                break
+            logits = step(token)
+        return tokens[:, :t + 1], logprobs[:, :t + 1], n_sampled.long()
+
+    def _sample(self, logits, suppress_stop, stop_ids):
+        """(token (B,), its logprob (B,)) from logits (B, V): the logprob is the model's at the sampling temperature,
+        before any top-p or end-of-turn suppression."""
+        logp = torch.log_softmax(logits.float() / (self.temp or 1.0), dim=-1)  # (B, V)
+        choose = logp
+        if suppress_stop:
+            choose = logp.index_fill(1, stop_ids, float("-inf"))
+        if self.temp == 0:
+            token = choose.argmax(-1)
+        else:
+            probs = torch.softmax(choose, dim=-1)
+            if self.top_p < 1.0:  # nucleus: the smallest set of most likely tokens whose probability reaches top_p
+                sorted_probs, order = probs.sort(-1, descending=True)
+                outside = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p
+                probs = probs.scatter(1, order, sorted_probs.masked_fill(outside, 0.0))
+            token = torch.multinomial(probs, 1).squeeze(1)
+        return token, logp.gather(1, token[:, None]).squeeze(1)
 
 
 class APIPolicy:

@@ -93,36 +93,28 @@ def legal_reply_from_text(text, tag="secret reasoning"):
     return f"<think>{tag} {turn}</think><move>{free[0]}</move>"
 
 
-class _Force:
-    """Logits processor that makes row b emit targets[b] (then leaves the scores alone)."""
-
-    def __init__(self, width, targets):
-        self.width, self.targets = width, targets
-
-    def __call__(self, input_ids, scores):
-        k = input_ids.shape[1] - self.width
-        scores = scores.clone()
-        for b, t in enumerate(self.targets):
-            if k < len(t):
-                scores[b] = float("-inf")
-                scores[b, t[k]] = 0.0
-        return scores
-
-
 def force_replies(monkeypatch, policy, reply_fn):
-    """Wrap policy.model.generate so every row emits tokenizer(reply_fn(context)) + eot. The policy's own
-    processors (the logprob recorder) run first and see the model's real logits; only the choice is forced."""
-    model, tok, eot = policy.model, policy.tokenizer, policy.chat.eot_id
-    original = model.generate
+    """Make every row of a turn emit tokenizer(reply_fn(context)) + eot, where context is the row's text so far. The
+    policy's own sampling still runs on the model's real logits (so the logprobs are the model's); only the choice
+    of token is replaced."""
+    tok, eot = policy.tokenizer, policy.chat.eot_id
+    turn, sample = policy._turn, policy._sample
+    state = {}
 
-    def generate(input_ids, attention_mask, logits_processor, **kw):
-        targets = []
-        for row, att in zip(input_ids, attention_mask):
-            text = tok.decode(row[att.bool()].tolist())
-            targets.append(tok(reply_fn(text), add_special_tokens=False).input_ids + [eot])
-        procs = list(logits_processor) + [_Force(input_ids.shape[1], targets)]
-        return original(input_ids=input_ids, attention_mask=attention_mask, logits_processor=procs, **kw)
-    monkeypatch.setattr(model, "generate", generate)
+    def forced_turn(episodes, cache):
+        state["targets"] = [tok(reply_fn(tok.decode(ep["ids"])), add_special_tokens=False).input_ids + [eot] for ep in episodes]
+        state["t"] = 0
+        return turn(episodes, cache)
+
+    def forced_sample(logits, suppress_stop, stop_ids):
+        _, _ = sample(logits, suppress_stop, stop_ids)
+        logp = torch.log_softmax(logits.float() / (policy.temp or 1.0), dim=-1)
+        t = state["t"]
+        token = torch.tensor([tg[min(t, len(tg) - 1)] for tg in state["targets"]], device=logits.device)
+        state["t"] += 1
+        return token, logp.gather(1, token[:, None]).squeeze(1)
+    monkeypatch.setattr(policy, "_turn", forced_turn)
+    monkeypatch.setattr(policy, "_sample", forced_sample)
 
 
 # ----------------------------------------------------------------------------- token exactness and logprobs
@@ -286,55 +278,86 @@ def test_hf_rollout_qwen3_template_sampled(qwen3_model, short_env):
 # ----------------------------------------------------------------------------- KV-cache reuse across turns
 
 
-def _spy_generate(model, monkeypatch):
-    """Wrap model.generate; returns the list of cached lengths it was called with (0: no cache passed)."""
-    seen, original = [], model.generate
+def _spy_prefill(policy, monkeypatch):
+    """Record, for every turn's prefill, (tokens already cached per row, tokens encoded per row)."""
+    seen = []
+    for name in ("_continue", "_reencode"):
+        original = getattr(policy, name)
 
-    def generate(**kw):
-        cache = kw.get("past_key_values")
-        seen.append(cache.get_seq_length() if cache is not None else 0)
-        return original(**kw)
-    monkeypatch.setattr(model, "generate", generate)
+        def spy(episodes, *cache, original=original):
+            cached = [ep["kv_len"] if cache else 0 for ep in episodes]
+            seen.append((cached, [len(ep["ids"]) - c for ep, c in zip(episodes, cached)]))
+            return original(episodes, *cache)
+        monkeypatch.setattr(policy, name, spy)
     return seen
+
+
+class _EndsEarly:
+    """An environment's games cut after 1 + k % 3 model turns for example k: episodes leave at different turns."""
+
+    def __init__(self, env):
+        self.env, self.system_prompt, self.max_turns, self.reward_weights = env, env.system_prompt, env.max_turns, env.reward_weights
+
+    def examples(self, n, seed=0):
+        return [{**ex, "turns": 1 + k % 3} for k, ex in enumerate(self.env.examples(n, seed))]
+
+    def reset(self, example):
+        state, first = self.env.reset(example)
+        return {"inner": state, "left": example["turns"]}, first
+
+    def step(self, state, reply):
+        state["left"] -= 1
+        message = self.env.step(state["inner"], reply)
+        return None if state["left"] == 0 else message
+
+    def rewards(self, state):
+        return self.env.rewards(state["inner"])
 
 
 @pytest.mark.parametrize("temp", [0.0, 1.3])
 def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, temp):
-    """Each episode continued from its own KV cache (left-padded cache, holes before the new tokens) gives
-    the same tokens and logprobs as re-encoding the whole conversation every turn."""
+    """Rows of a RowCache continued turn after turn (each turn encodes only the new tokens, right-aligned, padding
+    written to the spare slot; finished episodes compacted away) give the same tokens and logprobs as re-encoding
+    the whole conversation every turn. Greedy: in two rollout batches; sampled: in one (the two paths group a
+    turn's episodes differently once some have finished, and so draw their random numbers differently)."""
     model, tok = sharp_model
-    examples = short_env.examples(6, seed=11)
+    env = _EndsEarly(short_env)
+    examples = env.examples(6, seed=11)
     runs = {}
     for reuse in (True, False):
         torch.manual_seed(0)
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
-        seen = _spy_generate(model, monkeypatch)
-        runs[reuse] = rollout(short_env, examples, policy, progress=False)
+        policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4 if temp == 0 else 8,
+                          reuse_cache=reuse)
+        seen = _spy_prefill(policy, monkeypatch)
+        runs[reuse] = rollout(env, examples, policy, progress=False)
         monkeypatch.undo()
         assert policy.reuse_cache == reuse
-        # later turns start from a cache exactly when reuse is on; the first turn never does
-        assert seen[0] == 0 and (max(seen) > 0) == reuse
+        # later turns start from a cache exactly when reuse is on, and then encode a few tokens, not the conversation
+        assert not any(seen[0][0]) and any(any(cached) for cached, _ in seen) == reuse
+        if reuse:
+            assert max(max(new) for cached, new in seen[2:]) < min(seen[0][1])
     assert max(len(r["messages"]) for r in runs[True]) >= 6, "several turns, so the cache was continued"
+    assert len({len(r["messages"]) for r in runs[True]}) > 1, "episodes finished at different turns: rows were compacted"
     for a, b in zip(runs[True], runs[False]):
         assert a["ids"] == b["ids"] and a["mask"] == b["mask"]
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
 
 
 def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
-    """On a GPU a policy samples under bf16 autocast (policy.autocast; CPU autocast runs the same code here): each
-    episode's cache is kept in bf16, not in the fp32 that the keys of fp32 weights come out in, and continuing it
-    gives the replies that re-encoding gives."""
+    """On a GPU a policy samples under bf16 autocast (policy.autocast; CPU autocast runs the same code here): the
+    RowCache is bf16, not the fp32 that the keys of fp32 weights come out in, and continuing it gives the replies
+    that re-encoding gives."""
     model, tok = sharp_model
     runs, dtypes = {}, set()
     for reuse in (True, False):
         policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
-        policy.autocast, generate = True, policy._generate
+        policy.autocast, turn = True, policy._turn
 
-        def spy(episodes):
-            replies = generate(episodes)
-            dtypes.update(t.dtype for ep in episodes for kv in ep.get("kv", []) for t in kv)
+        def spy(episodes, cache):
+            replies = turn(episodes, cache)
+            dtypes.update(t.dtype for t in (cache.keys | cache.values).values()) if cache else None
             return replies
-        policy._generate = spy
+        policy._turn = spy
         runs[reuse] = rollout(short_env, short_env.examples(6, seed=11), policy, progress=False)
     assert dtypes == {torch.bfloat16} and next(model.parameters()).dtype == torch.float32
     assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
@@ -342,32 +365,49 @@ def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=0.1, rtol=0)
 
 
-def test_roomy_cache_layer_matches_concatenation():
-    """The in-place cache layer returns exactly what torch.cat would, also when it outgrows its capacity."""
-    layer, parts = common._roomy_layer()(capacity=2), []
-    for T in (1, 3, 1, 4):
-        k, v = torch.randn(2, 3, T, 4), torch.randn(2, 3, T, 4)
-        parts.append((k, v))
-        keys, values = layer.update(k, v)
-        assert torch.equal(keys, torch.cat([p[0] for p in parts], 2)) and torch.equal(values, torch.cat([p[1] for p in parts], 2))
-    assert layer.get_seq_length() == 9
+def test_row_cache_writes_rows_compacts_and_grows():
+    """RowCache by hand: each row's tokens land at its own positions, padding only in the spare last slot; keep()
+    moves the rows still playing to the front; reserve() grows the cache keeping every row's content."""
+    eps = [{"n": i} for i in range(3)]
+    cache = sample.RowCache(eps, torch.float32)
+    cache.reserve(6, room=0)  # 6 positions + the spare slot
+    spare = cache.capacity - 1
+    cache.write, cache.span = torch.tensor([[0, 1], [spare, 0], [4, 5]]), 6  # row 1: one padding column, one token
+    keys = torch.arange(3 * 2, dtype=torch.float).view(3, 1, 2, 1).expand(3, 2, 2, 1)  # (B, H, W, D): value = b*2 + w
+    K, V = cache.update(keys, -keys, layer=0)
+    assert K.shape == (3, 2, 6, 1)
+    assert K[0, 0, :2, 0].tolist() == [0, 1] and K[1, 0, 0, 0] == 3 and K[2, 0, 4:6, 0].tolist() == [4, 5]
+    assert cache.keys[0][1, 0, spare, 0] == 2 and torch.equal(V, -K)
+    assert cache.keep([eps[2], eps[0]]) == [eps[0], eps[2]]  # the cache's order
+    assert cache.keys[0][0, 0, :2, 0].tolist() == [0, 1] and cache.keys[0][1, 0, 4:6, 0].tolist() == [4, 5]
+    cache.reserve(20, room=5)
+    assert cache.capacity == 26 and cache.keys[0].shape == (2, 2, 26, 1)
+    assert cache.keys[0][0, 0, :2, 0].tolist() == [0, 1] and cache.keys[0][1, 0, 4:6, 0].tolist() == [4, 5]
+    assert torch.equal(cache.values[0], -cache.keys[0])
 
 
-def test_kv_cache_reuse_falls_back_for_sliding_window(tiny_model_dir, short_env, tmp_path):
-    """A cache that cannot be spliced (sliding-window layers) switches the policy to re-encoding, same replies."""
+def test_sliding_window_model_keeps_its_window(tiny_model_dir, short_env, tmp_path):
+    """A sliding-window model (Mistral, window 8: far shorter than a game) runs on the RowCache with its window in
+    the mask: the same tokens as re-encoding every turn with the model's own cache, and different ones from the
+    same weights without a window."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
     llama, tok = common.load_model(tiny_model_dir, device="cpu")
     cfg = {k: v for k, v in llama.config.to_dict().items() if k not in ("architectures", "model_type")}
     MistralForCausalLM(MistralConfig(**cfg, sliding_window=8)).save_pretrained(tmp_path / "sw")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "sw")
     model.load_state_dict(llama.state_dict())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(20.0) if p.dim() >= 2 else None
     examples = short_env.examples(3, seed=2)
     policy = HFPolicy(model.eval(), tok, short_env.system_prompt, temp=0.0, max_new_tokens=10)
     got = rollout(short_env, examples, policy, progress=False)
-    assert policy.reuse_cache is False
+    assert policy.reuse_cache is True and policy.window == 8
     want = rollout(short_env, examples, HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10,
                                                  reuse_cache=False), progress=False)
     assert [r["ids"] for r in got] == [r["ids"] for r in want]
+    policy.window = None
+    assert [r["ids"] for r in rollout(short_env, examples, policy, progress=False)] != [r["ids"] for r in want]
 
 
 # ----------------------------------------------------------------------------- batching
