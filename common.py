@@ -1,10 +1,9 @@
 """
-Plumbing shared by the scripts: loading environments and models, the KV caches the rollout engine continues,
+Plumbing shared by the scripts: loading environments and models, broadcasting a KV cache,
 token logprobs for training, the run's flags, learning-rate schedule, checkpoints with exact resume, and log lines.
 
 Nothing here is RL or SFT: sample.py (rollouts), sft.py and rl.py (the algorithms) and eval.py import it.
 """
-import functools
 import importlib
 import inspect
 import json
@@ -105,53 +104,16 @@ def train_autocast(device):
     return torch.autocast("cpu", enabled=False)
 
 
-# ----------------------------------------------------------------------------- KV caches that can be continued
+# ----------------------------------------------------------------------------- KV caches
 
 
 def plain_cache_layers(cache):
     """[(keys (B, H, T, D), values)] per layer when every layer of `cache` is plain full attention, so that its
-    rows and columns can be sliced, stacked or broadcast into a new DynamicCache; else None (sliding windows and
-    recurrent layers cannot be)."""
+    rows can be broadcast into a new DynamicCache; else None (sliding windows and recurrent layers cannot be)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
-    if isinstance(cache, DynamicCache) and all(type(l) in (DynamicLayer, _roomy_layer()) for l in cache.layers):
+    if isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers):
         return [(l.keys, l.values) for l in cache.layers]
     return None
-
-
-def roomy_cache(n_layers, capacity):
-    """An empty DynamicCache whose layers keep `capacity` positions of room and write each step's keys/values in
-    place. The plain DynamicLayer torch.cat()s the whole cache at every decoding step: with a continued cache of
-    200 episodes that copying was half of a CPU evaluation's time."""
-    from transformers.cache_utils import Cache, DynamicCache
-    cache = DynamicCache.__new__(DynamicCache)
-    Cache.__init__(cache, layers=[_roomy_layer()(capacity) for _ in range(n_layers)])
-    return cache
-
-
-@functools.cache
-def _roomy_layer():
-    from transformers.cache_utils import DynamicLayer  # imported here: scripted and API runs never load transformers
-
-    class RoomyLayer(DynamicLayer):
-        def __init__(self, capacity):
-            super().__init__()
-            self.capacity, self.used = capacity, 0
-
-        def update(self, key_states, value_states, *args, **kwargs):  # (B, H, T, D) each
-            B, H, T, D = key_states.shape
-            if not self.is_initialized or self.used + T > self.buf_k.shape[2]:  # (re)allocate, keep what is there
-                self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
-                room = max(self.capacity, 2 * (self.used + T))
-                old = (self.buf_k, self.buf_v) if self.used else None
-                self.buf_k, self.buf_v = (key_states.new_empty((B, H, room, D)) for _ in range(2))
-                if old:
-                    self.buf_k[:, :, :self.used], self.buf_v[:, :, :self.used] = old[0][:, :, :self.used], old[1][:, :, :self.used]
-            self.buf_k[:, :, self.used:self.used + T], self.buf_v[:, :, self.used:self.used + T] = key_states, value_states
-            self.used += T
-            self.keys, self.values = self.buf_k[:, :, :self.used], self.buf_v[:, :, :self.used]  # views, no copy
-            return self.keys, self.values
-
-    return RoomyLayer
 
 
 # ----------------------------------------------------------------------------- token logprobs (the training forward)

@@ -36,8 +36,9 @@ Simplifications, on purpose:
   - one advantage per episode: every token the model sampled in a multi-turn game gets the game's advantage
     (no per-turn credit assignment, no value function, no discount);
   - no KL penalty unless --beta > 0 (then a frozen reference copy is loaded), no entropy bonus;
-  - generation with HF generate on the training weights (no vLLM, no async, no paged attention); each
-    episode's KV cache is carried across turns (sample.HFPolicy), but not shared between rollouts of a group;
+  - generation on the training weights by sample.py's own decoding loop over the HF model (no vLLM, no async, no
+    paged attention): each rollout batch keeps one KV cache with a row per episode for the whole game; rollouts
+    of a group do not share their prompt's cache;
   - episodes whose advantage is 0 (e.g. groups whose rewards are all equal) are skipped in the backward
     pass (they carry no gradient) but still count in the token normalisation.
 Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.png (if matplotlib is
@@ -77,7 +78,7 @@ def sample_rollouts(env, examples, policy, group):
     try:
         return rollout(env, examples, policy, group=group, progress=False)
     except torch.OutOfMemoryError as e:  # each episode's KV cache grows with every turn: say what to turn down
-        raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per generate() call, now "
+        raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per rollout batch, now "
                          f"{policy.batch_size}) or --max_new_tokens ({policy.max_new_tokens}).\n  ({str(e)[:200]})") from e
 
 
@@ -288,7 +289,7 @@ def parse_args(argv=None):
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (the loss uses the same)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling (1.0 keeps logprobs exact)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
-    p.add_argument("--gen_batch", type=int, default=512, help="max episodes per generate() call")
+    p.add_argument("--gen_batch", type=int, default=512, help="max episodes per rollout batch (each keeps one KV cache for its whole game)")
     p.add_argument("--steps", type=int, default=200, help="RL steps")
     p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")
     p.add_argument("--loss_agg", choices=["token", "sequence"], default="token", help="token: DAPO/CISPO averaging over the batch; sequence: GRPO per-episode mean")

@@ -7,17 +7,25 @@ Batched multi-turn rollouts with exact token trajectories: the engine eval.py, s
     python sample.py --model out/rl --play                        # play against the model yourself
 
 A policy maps a batch of unfinished episodes to one reply each. Three kinds share that interface:
-  HFPolicy       a Hugging Face causal LM; all unfinished episodes go through ONE generate() call per turn.
-                 It keeps each episode's exact token trajectory: `ids` (prompt, every sampled reply with its
-                 end-of-turn token, every environment message), `mask` (1 exactly on sampled tokens) and
-                 `logprobs` (of the sampled tokens under the sampling temperature, 0 elsewhere). Later
-                 environment messages are appended as the tokens the chat template puts between an assistant
-                 turn and the next generation prompt; the conversation is never re-rendered, so templates
-                 that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift. Each
-                 episode also keeps the KV cache of what was already encoded, so a turn encodes only the new
-                 environment message, not the whole conversation again (plain full-attention caches only).
+  HFPolicy       a Hugging Face causal LM on a decoding loop of its own (the engine, below). It keeps each
+                 episode's exact token trajectory: `ids` (prompt, every sampled reply with its end-of-turn token,
+                 every environment message), `mask` (1 exactly on sampled tokens) and `logprobs` (of the sampled
+                 tokens under the sampling temperature, 0 elsewhere). Later environment messages are appended as
+                 the tokens the chat template puts between an assistant turn and the next generation prompt; the
+                 conversation is never re-rendered, so templates that rewrite past turns (Qwen3 drops earlier
+                 <think> blocks) cannot make ids drift.
   APIPolicy      an OpenAI-compatible endpoint, concurrent requests, retries with backoff.
   ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax).
+
+The engine, and why not generate(): a rollout batch keeps ONE preallocated KV cache (RowCache) in which each
+episode has its own row for the whole game. A turn writes only each row's new tokens at that row's end (the
+environment's message) and decodes from there; finished episodes leave at turn boundaries. A decoding step is one
+forward of the HF model and the sampling, and on a GPU that step is captured once per turn as a CUDA graph, so
+the per-token cost is the kernels, not Python. generate() could not do this: it takes one cache per call with
+the rows left-padded to a common length, so continuing a game meant re-stacking every episode's cache each turn
+(two copies of it at once), and it pays its per-token Python and launch overhead at every step. Models with
+recurrent layers (LFM2's convolutions, Qwen3.5's linear attention), whose state a padded write would disturb,
+re-encode the conversation each turn through the model's own cache, on the same decoding loop.
 """
 import argparse
 import concurrent.futures
@@ -122,15 +130,19 @@ def sliding_window(config):
 class RowCache:
     """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for
     its whole game. A forward writes each row's new tokens at that row's own positions (`write`, (B, W)), so a
-    turn appends at the row's end and nothing is copied between turns; episodes that finished leave at a turn
-    boundary (keep(): the rows still playing move to the front). Layers call update() as they call a transformers
-    Cache's and attend the first `span` positions of every row, with a mask that shows each row its own."""
+    turn appends at the row's end and nothing is copied between turns; at a turn boundary gather() drops the rows
+    of finished episodes (and repeats the row of an episode copied mid-game: eval.certify branches its lines).
+    Layers call update() as they call a transformers Cache's and attend the first `span` positions of every row,
+    with a mask that shows each row its own."""
 
-    def __init__(self, episodes, dtype):
-        self.episodes, self.dtype, self.capacity = list(episodes), dtype, 0
+    def __init__(self, dtype):
+        self.dtype, self.capacity = dtype, 0
         self.keys, self.values = {}, {}  # layer -> (B, H, capacity, D); the last position takes padding's writes
         self.lengths = None  # (B,) tokens cached per row, on the model's device
         self.write, self.span = None, 0
+
+    def __deepcopy__(self, memo):  # a copied episode goes on from the same cache (and its own row: gather())
+        return self
 
     def update(self, keys, values, layer, *args, **kwargs):  # (B, H, W, D) each
         B, H, W, D = keys.shape
@@ -142,23 +154,24 @@ class RowCache:
         V[rows, :, self.write] = values.transpose(1, 2).to(self.dtype)
         return K[:, :, :self.span], V[:, :, :self.span]
 
-    def keep(self, episodes):
-        """Only `episodes` play on: their rows move to the front, in the cache's order, which is returned."""
-        going_on = {id(ep) for ep in episodes}
-        index = [i for i, ep in enumerate(self.episodes) if id(ep) in going_on]
-        if index != list(range(len(index))):
-            for buffers in (self.keys, self.values):
-                for layer, buf in buffers.items():
-                    buf[:len(index)] = buf[torch.tensor(index, device=buf.device)]  # a copy of one layer at a time
-        self.episodes = [self.episodes[i] for i in index]
-        return self.episodes
+    def gather(self, rows):
+        """Row i of the next turn is row rows[i] of this one: one layer copied at a time."""
+        if rows == list(range(len(rows))):
+            return
+        for buffers in (self.keys, self.values):
+            for layer, buf in buffers.items():
+                index = torch.tensor(rows, device=buf.device)
+                if len(rows) <= buf.shape[0]:
+                    buf[:len(rows)] = buf[index]
+                else:
+                    buffers[layer] = buf[index]
 
-    def reserve(self, positions, room):
-        """Room for `positions` per row (+ the padding slot); when it grows, `room` more, so that it rarely grows."""
+    def reserve(self, rows, positions, room):
+        """Room for `positions` per row (+ the padding slot) in the first `rows` rows; when it grows, `room` more."""
         if positions + 1 <= self.capacity:
             return
         old, self.capacity = self.capacity, positions + 1 + room
-        n = len(self.episodes)
+        n = rows
         for buffers in (self.keys, self.values):
             for layer, buf in buffers.items():  # one layer at a time: never two copies of the whole cache
                 new = buf.new_zeros((n, buf.shape[1], self.capacity, buf.shape[3]))
@@ -236,16 +249,19 @@ class HFPolicy:
                 ep["ids"] += new
                 ep["mask"] += [0] * len(new)
                 ep["logprobs"] += [0.0] * len(new)
-        batches = []  # (RowCache or None, its episodes)
-        if self.reuse_cache:  # episodes go on in their rollout batch; new ones start batches of up to batch_size
-            caches = {id(ep["kv"]): ep["kv"] for ep in episodes if "kv" in ep}
-            batches = [(cache, cache.keep(episodes)) for cache in caches.values()]
+        if self.reuse_cache:  # episodes go on in their rollout batch's cache; new ones start batches of batch_size
+            groups = {}
+            for ep in episodes:
+                if "kv" in ep:
+                    groups.setdefault(id(ep["kv"]), (ep["kv"], []))[1].append(ep)
+            for cache, batch in groups.values():
+                cache.gather([ep["kv_row"] for ep in batch])
             new = [ep for ep in episodes if "kv" not in ep]
-            for i in range(0, len(new), self.batch_size):
-                cache = RowCache(new[i:i + self.batch_size], torch.bfloat16 if self.autocast else self.model.dtype)
-                for ep in cache.episodes:
-                    ep["kv"] = cache
-                batches.append((cache, cache.episodes))
+            batches = list(groups.values()) + [(RowCache(torch.bfloat16 if self.autocast else self.model.dtype), new[i:i + self.batch_size])
+                                               for i in range(0, len(new), self.batch_size)]
+            for cache, batch in batches:
+                for row, ep in enumerate(batch):
+                    ep.update(kv=cache, kv_row=row)
         else:
             batches = [(None, episodes[i:i + self.batch_size]) for i in range(0, len(episodes), self.batch_size)]
         replies = {}
@@ -290,7 +306,7 @@ class HFPolicy:
         pending = [ep["ids"][ep["kv_len"]:] for ep in episodes]
         ends = [ep["kv_len"] + len(p) for ep, p in zip(episodes, pending)]
         span = -(-(max(ends) + self.max_new_tokens) // 64) * 64  # key positions a step attends: fixed for the turn
-        cache.reserve(span, room=4 * (self.max_new_tokens + 64))
+        cache.reserve(B, span, room=2 * (self.max_new_tokens + 64))  # grows about every other turn
         W = max(map(len, pending))
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)  # (B, W)
         pos = torch.zeros((B, W), dtype=torch.long)
@@ -593,7 +609,7 @@ def add_policy_args(p):
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
-    p.add_argument("--batch_size", type=int, default=256, help="max episodes per generate() call (bounds memory)")
+    p.add_argument("--batch_size", type=int, default=256, help="max episodes per rollout batch (bounds the KV cache's memory)")
     p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL; --model is then the served model name")

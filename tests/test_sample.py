@@ -365,12 +365,11 @@ def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=0.1, rtol=0)
 
 
-def test_row_cache_writes_rows_compacts_and_grows():
-    """RowCache by hand: each row's tokens land at its own positions, padding only in the spare last slot; keep()
-    moves the rows still playing to the front; reserve() grows the cache keeping every row's content."""
-    eps = [{"n": i} for i in range(3)]
-    cache = sample.RowCache(eps, torch.float32)
-    cache.reserve(6, room=0)  # 6 positions + the spare slot
+def test_row_cache_writes_rows_gathers_and_grows():
+    """RowCache by hand: each row's tokens land at its own positions, padding only in the spare last slot; gather()
+    drops and repeats rows; reserve() grows the cache keeping every row's content."""
+    cache = sample.RowCache(torch.float32)
+    cache.reserve(3, 6, room=0)  # 6 positions + the spare slot
     spare = cache.capacity - 1
     cache.write, cache.span = torch.tensor([[0, 1], [spare, 0], [4, 5]]), 6  # row 1: one padding column, one token
     keys = torch.arange(3 * 2, dtype=torch.float).view(3, 1, 2, 1).expand(3, 2, 2, 1)  # (B, H, W, D): value = b*2 + w
@@ -378,12 +377,44 @@ def test_row_cache_writes_rows_compacts_and_grows():
     assert K.shape == (3, 2, 6, 1)
     assert K[0, 0, :2, 0].tolist() == [0, 1] and K[1, 0, 0, 0] == 3 and K[2, 0, 4:6, 0].tolist() == [4, 5]
     assert cache.keys[0][1, 0, spare, 0] == 2 and torch.equal(V, -K)
-    assert cache.keep([eps[2], eps[0]]) == [eps[0], eps[2]]  # the cache's order
-    assert cache.keys[0][0, 0, :2, 0].tolist() == [0, 1] and cache.keys[0][1, 0, 4:6, 0].tolist() == [4, 5]
-    cache.reserve(20, room=5)
-    assert cache.capacity == 26 and cache.keys[0].shape == (2, 2, 26, 1)
-    assert cache.keys[0][0, 0, :2, 0].tolist() == [0, 1] and cache.keys[0][1, 0, 4:6, 0].tolist() == [4, 5]
+    cache.gather([2, 0])  # row 1's episode finished
+    assert cache.keys[0][0, 0, 4:6, 0].tolist() == [4, 5] and cache.keys[0][1, 0, :2, 0].tolist() == [0, 1]
+    cache.gather([0, 1, 1, 0])  # each episode copied once: more rows than the buffer had
+    assert cache.keys[0].shape[0] == 4 and cache.keys[0][2, 0, :2, 0].tolist() == [0, 1]
+    assert cache.keys[0][3, 0, 4:6, 0].tolist() == [4, 5]
+    cache.reserve(4, 20, room=5)
+    assert cache.capacity == 26 and cache.keys[0].shape == (4, 2, 26, 1)
+    assert cache.keys[0][1, 0, :2, 0].tolist() == [0, 1] and cache.keys[0][3, 0, 4:6, 0].tolist() == [4, 5]
     assert torch.equal(cache.values[0], -cache.keys[0])
+
+
+def test_copied_episodes_go_on_from_their_row(sharp_model, short_env):
+    """An episode deep-copied mid-game (eval.certify branches every line over the opponent's replies) continues
+    from its parent's cache row: the same tokens and logprobs as re-encoding."""
+    import copy
+    model, tok = sharp_model
+    runs = {}
+    for reuse in (True, False):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10, reuse_cache=reuse)
+        episodes = [sample.new_episode(short_env, ex) for ex in short_env.examples(3, seed=8)]
+        for _ in range(2):  # each turn, every episode branches in two: a copy gets a different message
+            replies = policy(episodes)
+            children = []
+            for ep, reply in zip(episodes, replies):
+                for k in range(2):
+                    child = copy.deepcopy(ep)
+                    child["messages"].append({"role": "assistant", "content": reply})
+                    child["messages"].append({"role": "user", "content": f"branch {k}: your move"})
+                    children.append(child)
+            episodes = children
+        policy(episodes)
+        runs[reuse] = episodes
+        if reuse:
+            assert len({id(ep["kv"]) for ep in episodes}) == 1
+    assert [ep["ids"] for ep in runs[True]] == [ep["ids"] for ep in runs[False]]
+    assert len({tuple(ep["ids"]) for ep in runs[True]}) > 6, "the branches went different ways"
+    for a, b in zip(runs[True], runs[False]):
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
 
 
 def test_sliding_window_model_keeps_its_window(tiny_model_dir, short_env, tmp_path):

@@ -1,0 +1,126 @@
+"""The rollout engine on tiny random models of the real architectures our users train: Qwen3, Gemma 3 (sliding
+window on alternate layers), LFM2 (short convolutions) and Qwen3.5 (linear attention), each built offline from
+transformers' config classes, saved with save_pretrained and a chat template of its family, and loaded back with
+common.load_model like a hub model.
+
+Each must be token-exact (greedy tokens are the argmax of an unpadded forward over the whole trajectory) and
+logprob-exact (at the sampling temperature); the plain-attention ones run on the RowCache and must match
+re-encoding every turn, the others re-encode.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
+from sample import HFPolicy, rollout  # noqa: E402
+from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN  # noqa: E402
+from test_sample import check_layout, replay_logits  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+NL = "{{ '\\n' }}"
+CHATML_LFM2 = ("{{ '<|startoftext|>' }}{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+               "'<|im_end|>\\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+GEMMA3 = ("{%- set ns = namespace(system='') -%}{{ '<bos>' }}"
+          "{%- for m in messages -%}"
+          "{%- if m['role'] == 'system' -%}{%- set ns.system = m['content'] + '\\n\\n' -%}"
+          "{%- else -%}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\\n' + ns.system + "
+          "m['content'] + '<end_of_turn>\\n' }}{%- set ns.system = '' -%}{%- endif -%}"
+          "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+# name: (model_type, config, chat template, tokens the template adds, runs on the RowCache, factor on the weight
+# matrices that makes greedy replies depend on the context: conftest.SHARPEN where it does, less where SHARPEN
+# saturates the model into repeating one token)
+ARCHS = {
+    "qwen3": ("qwen3", dict(head_dim=8), QWEN3_STYLE_TEMPLATE, [], True, SHARPEN),
+    "gemma3": ("gemma3_text", dict(head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
+                                   layer_types=["sliding_attention", "full_attention"] * 2),
+               GEMMA3, ["<bos>", "<start_of_turn>", "<end_of_turn>"], True, 5.0),
+    "lfm2": ("lfm2", dict(full_attn_idxs=[1, 3], block_auto_adjust_ff_dim=False), CHATML_LFM2, ["<|startoftext|>"], False,
+             SHARPEN),
+    "qwen3_5": ("qwen3_5_text", dict(head_dim=8, layer_types=["linear_attention", "full_attention"] * 2,
+                                     linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                                     linear_num_value_heads=4), QWEN3_STYLE_TEMPLATE, [], False, 5.0),
+}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def arch(request, tiny_model_dir, tmp_path_factory):
+    """(name, model, tokenizer): a tiny random model of the architecture, its weight matrices scaled so that greedy
+    replies depend on the context, saved and loaded back like a hub model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    model_type, kw, template, added, _, sharpen = ARCHS[request.param]
+    _, tok = common.load_model(tiny_model_dir, device="cpu")
+    if added:
+        tok.add_special_tokens({"additional_special_tokens": added})
+    tok.chat_template = template
+    config = AutoConfig.for_model(model_type, **SMALL, **kw, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                                  eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(sharpen)
+    out = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    model, tok = common.load_model(str(out), device="cpu")
+    return request.param, model, tok
+
+
+def test_greedy_rollout_is_token_exact(arch, short_env):
+    """Multi-turn greedy rollouts in batches of different lengths: every sampled token is the argmax of one
+    unpadded forward over the whole trajectory, its logprob that forward's (the recurrent layers' chunked and
+    step-by-step kernels differ by ~1e-4 in float32)."""
+    name, model, tok = arch
+    policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16, batch_size=4)
+    assert policy.reuse_cache == ARCHS[name][4]
+    recs = rollout(short_env, short_env.examples(6, seed=1), policy, progress=False)
+    replies = {tuple(t for t, m in zip(r["ids"], r["mask"]) if m) for r in recs}
+    assert len(replies) >= 2, "the replies depend on the context"
+    sampled = 0
+    for rec in recs:
+        check_layout(rec, policy.chat, tok, 16)
+        logits = replay_logits(model, rec["ids"])
+        logp = torch.log_softmax(logits, -1)
+        for t in range(1, len(rec["ids"])):
+            if rec["mask"][t]:
+                sampled += 1
+                pred = int(logits[t - 1].argmax())
+                assert pred == rec["ids"][t] or logits[t - 1, pred] - logits[t - 1, rec["ids"][t]] < 1e-3, (name, t)
+                assert abs(rec["logprobs"][t] - float(logp[t - 1, rec["ids"][t]])) < 5e-4, (name, t)
+    assert sampled > 100
+
+
+def test_row_cache_equals_reencoding(arch, short_env):
+    """The RowCache path gives the tokens and logprobs of re-encoding every turn (plain attention only; the
+    others always re-encode)."""
+    name, model, tok = arch
+    runs = {}
+    for reuse in (True, False):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16, batch_size=4, reuse_cache=reuse)
+        runs[reuse] = rollout(short_env, short_env.examples(6, seed=4), policy, progress=False)
+    assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
+    for a, b in zip(runs[True], runs[False]):
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=5e-4, rtol=0)
+
+
+def test_sampled_logprobs_are_the_tempered_model(arch, short_env):
+    """At temperature 1.3 the recorded logprob of every sampled token is log softmax(logits / 1.3) of the replay."""
+    name, model, tok = arch
+    torch.manual_seed(0)
+    policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.3, max_new_tokens=12, batch_size=4)
+    recs = rollout(short_env, short_env.examples(4, seed=6), policy, progress=False)
+    for rec in recs:
+        want = torch.log_softmax(replay_logits(model, rec["ids"]) / 1.3, -1)
+        pos = torch.tensor([t for t, m in enumerate(rec["mask"]) if m])
+        got = torch.tensor(rec["logprobs"])[pos]
+        torch.testing.assert_close(got, want[pos - 1, torch.tensor(rec["ids"])[pos]], atol=5e-4, rtol=0)
