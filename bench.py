@@ -245,7 +245,7 @@ def table(results, device_name):
              "| shape | params | gen tok/s | floor % | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['shape']} | {r['params'] / 1e9:.2f}B | {r['gen_tok_s']:,.0f} | "
+        lines.append(f"| {r['shape']} | {r['params'] / 1e6:,.1f}M | {r['gen_tok_s']:,.0f} | "
                      f"{fmt(r['floor_frac'] and 100 * r['floor_frac'], '.0f')} | {r['upd_tok_s']:,.0f} | "
                      f"{fmt(r['mfu'] and 100 * r['mfu'], '.0f')} | {fmt(r['peak_gb'], '.1f')} | "
                      f"{r['step_s']:.2f} ({r['gen_s']:.2f} / {r['update_s']:.2f} / {r['other_s']:.2f}) |")

@@ -4,8 +4,9 @@ The step time of rl.py next to TRL's GRPOTrainer on the same model, prompts and 
     pip install trl                       # only for this comparison; the project never imports it
     python bench_trl.py                   # reverse-text, --batch 64 --group 8 --max_new_tokens 32, 8 steps each
 
-Both sides: the same save_pretrained model (a scratch Llama built offline by sft.build_scratch, untrained: its
-replies run to the token limit on both sides), the reverse environment's prompts (system + user message, the
+Both sides: the same save_pretrained model (by default the 1.1M-parameter scratch Llama of `sft.py --model scratch`
+after --sft_steps steps on the oracle, so that its rewards vary and every step has advantages to train on), the
+reverse environment's prompts (system + user message, the
 chat template), 8 prompts x 8 completions per step, up to 32 new tokens at temperature 1, one optimizer step per
 batch, no KL term, no evaluation or checkpoint inside the timed steps. TRL samples with transformers' generate(),
 rl.py with its own engine (sample.py). Reported: the median step time of each after its first step.
@@ -22,11 +23,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def build_model(out):
-    sys.path.insert(0, HERE)
-    import sft
-    from common import load_env
-    sft.build_scratch(out, load_env("reverse"))
+def build_model(out, sft_steps):
+    """The scratch model after a short SFT on the reverse oracle (sft.py, offline)."""
+    subprocess.run([sys.executable, os.path.join(HERE, "sft.py"), "--model", "scratch", "--env", "reverse", "--teacher", "oracle",
+                    "--n_games", "2000", "--max_steps", str(sft_steps), "--eval_every", "0", "--eval_n", "1", "--out", out],
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 def time_rl(model, args, out):
@@ -85,6 +86,7 @@ def main():
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max_new_tokens", type=int, default=32, help="max new tokens per completion")
     p.add_argument("--steps", type=int, default=8, help="steps per trainer (the first is not counted)")
+    p.add_argument("--sft_steps", type=int, default=200, help="SFT steps of the default model on the oracle")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both trainers)")
     p.add_argument("--side", choices=["both", "rl", "trl"], default="both", help="which trainer(s) to time")
     args = p.parse_args()
@@ -93,7 +95,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or os.path.join(tmp, "model")
         if not args.model:
-            build_model(model)
+            build_model(model, args.sft_steps)
         times = {}
         if args.side in ("both", "rl"):
             times["rl.py"] = time_rl(model, args, os.path.join(tmp, "rl"))
