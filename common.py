@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import os
+import pickle
 import random
 import shutil
 
@@ -236,7 +237,12 @@ def start_or_resume(args, opt, resume):
         if os.path.exists(metrics_path):
             os.remove(metrics_path)
         return {"step": 0}
-    ts = torch.load(state_path, weights_only=False)
+    try:  # a checkpoint is data: loading it never runs code that someone pickled into it
+        ts = torch.load(state_path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise SystemExit(f"{state_path} holds more than tensors and plain data, which could run code when loaded: "
+                         f"refusing it. This project's checkpoints never do; resume from one of them, or start fresh "
+                         f"without --resume.\n  ({str(e).splitlines()[0][:200]})")
     opt.load_state_dict(ts["optimizer"])
     set_rng_state(ts["rng"])
     if os.path.exists(metrics_path):

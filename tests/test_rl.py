@@ -179,7 +179,7 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(a, "metrics.jsonl"))]
     cert = [r for r in rows if "certify_lines_lost" in r]
     assert [r["step"] for r in cert] == [0, 3, 4] and all(r["certify_mistakes"] > 0 for r in cert)  # 4: the end
-    state = torch.load(os.path.join(a, "trainer_state.pt"), weights_only=False)
+    state = torch.load(os.path.join(a, "trainer_state.pt"), weights_only=True)
     assert state["exploit_lines"]
     # DIR_best: the weights of the best certificate (fewest lost lines, then mistakes, the latest on a tie)
     best = min(cert, key=lambda r: (r["certify_lines_lost"], r["certify_mistakes"], -r["step"]))
@@ -203,3 +203,18 @@ def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch,
                                       "--max_new_tokens", "4", "--eval_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
     with pytest.raises(SystemExit, match=f"out of GPU memory in the {where}.*{knob}"):
         rl.main()
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    """--resume loads trainer_state.pt as data only: a pickled payload (here a shell command) is refused, not run."""
+    import argparse
+    import common
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+    torch.save({"step": 3, "optimizer": Payload()}, tmp_path / "trainer_state.pt")
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    with pytest.raises(SystemExit, match="refusing it"):
+        common.start_or_resume(argparse.Namespace(out=str(tmp_path)), opt, resume=True)
+    assert not (tmp_path / "ran").exists()
