@@ -221,7 +221,10 @@ def lr_at(step, lr, warmup, total, schedule):
 
 
 def checkpoint_to_resume(args):
-    """True when --resume finds a checkpoint in DIR (and says so when it does not)."""
+    """True when --resume finds a checkpoint in DIR (and says so when it does not). A save that a crash interrupted
+    is finished first (finish_save), so the newest complete checkpoint is the one resumed."""
+    if args.resume:
+        finish_save(args.out)
     found = args.resume and os.path.exists(os.path.join(args.out, "trainer_state.pt"))
     if args.resume and not found:
         print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
@@ -245,33 +248,66 @@ def start_or_resume(args, opt, resume):
                          f"without --resume.\n  ({str(e).splitlines()[0][:200]})")
     opt.load_state_dict(ts["optimizer"])
     set_rng_state(ts["rng"])
-    if os.path.exists(metrics_path):
-        rows = [line for line in open(metrics_path) if json.loads(line)["step"] <= ts["step"]]
-        open(metrics_path, "w").writelines(rows)
+    if os.path.exists(metrics_path):  # keep the lines up to the checkpoint (a line cut short by a crash is dropped)
+        rows = [line for line in open(metrics_path) if _step_of(line) is not None and _step_of(line) <= ts["step"]]
+        with open(metrics_path + ".part", "w") as f:
+            f.writelines(rows)
+        os.replace(metrics_path + ".part", metrics_path)
     print(f"resumed from {args.out} at step {ts['step']}")
     return ts
 
 
 def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
-    """save_pretrained + trainer state into OUT.tmp, then swap it in: a crash never leaves half a checkpoint."""
-    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+    """save_pretrained + trainer state into OUT.tmp, then swap it in (finish_save). OUT.tmp is complete once its
+    trainer_state.pt exists (written last, under a temporary name first): a crash at any moment leaves either
+    the old checkpoint or a complete new one, and --resume finishes an interrupted swap."""
+    tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
     for name, obj in extra_json.items():
         with open(os.path.join(tmp, name), "w") as f:
             json.dump(obj, f, indent=2)
-    if os.path.isdir(out):  # keep logs and data that live beside the weights
-        for name in os.listdir(out):
-            if name.endswith(".jsonl") or name.endswith(".png") or name.startswith("eval"):
-                src = os.path.join(out, name)
-                if not os.path.exists(os.path.join(tmp, name)):
-                    shutil.move(src, os.path.join(tmp, name))
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
-    os.rename(tmp, out)
+    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt.part"))
+    os.replace(os.path.join(tmp, "trainer_state.pt.part"), os.path.join(tmp, "trainer_state.pt"))
+    finish_save(out)
+
+
+def _kept_beside_weights(name):
+    """Logs and data that live in a run directory beside its weights and move along with each new checkpoint."""
+    return name.endswith(".jsonl") or name.endswith(".png") or name.startswith("eval")
+
+
+def finish_save(out):
+    """Bring OUT to the newest complete checkpoint, whatever moment a crash interrupted save_checkpoint at: a
+    complete OUT.tmp takes OUT's logs and data and replaces it (OUT -> OUT.old, OUT.tmp -> OUT, OUT.old removed);
+    an incomplete one is removed; an OUT.old left without an OUT is put back. Every step can be redone."""
+    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+    if os.path.exists(os.path.join(tmp, "trainer_state.pt")):
+        if os.path.isdir(out):
+            for name in os.listdir(out):
+                if _kept_beside_weights(name) and not os.path.exists(os.path.join(tmp, name)):
+                    shutil.move(os.path.join(out, name), os.path.join(tmp, name))
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(out, old)
+        elif os.path.isdir(old):  # a crash between the two renames: OUT.old still holds the logs of the run
+            for name in os.listdir(old):
+                if _kept_beside_weights(name) and not os.path.exists(os.path.join(tmp, name)):
+                    shutil.move(os.path.join(old, name), os.path.join(tmp, name))
+        os.rename(tmp, out)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isdir(out) and os.path.exists(os.path.join(old, "trainer_state.pt")):
+            os.rename(old, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _step_of(line):
+    """The step of a metrics.jsonl line, None for a line a crash cut short."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
 
 
 def rng_state():

@@ -54,7 +54,7 @@ import time
 import torch
 
 from eval import evaluate_standard
-from common import (add_train_args, checkpoint_to_resume, load_env, load_model, log_eval, log_line, lr_at, pad_batch,
+from common import (add_train_args, checkpoint_to_resume, finish_save, load_env, load_model, log_eval, log_line, lr_at, pad_batch,
                     parse_env_args, pick_device, rng_state, save_checkpoint, start_or_resume, token_logprobs, token_microbatches,
                     train_autocast)
 from sample import HFPolicy, rollout, show
@@ -363,6 +363,8 @@ def main():
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
     best_dir = args.out.rstrip("/") + "_best"  # --exploit: the weights of the best certificate
+    if resume:
+        finish_save(best_dir)  # a save of the best weights that a crash interrupted
 
     def exploit(step):
         """--exploit: the environment certifies the greedy policy (env.exploit); log the certificate, keep the weights

@@ -218,3 +218,84 @@ def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):
     with pytest.raises(SystemExit, match="refusing it"):
         common.start_or_resume(argparse.Namespace(out=str(tmp_path)), opt, resume=True)
     assert not (tmp_path / "ran").exists()
+
+
+class _Saved:
+    """A stand-in for a model and a tokenizer: save_pretrained writes one file."""
+
+    def __init__(self, name, step):
+        self.name, self.step = name, step
+
+    def save_pretrained(self, path, **kw):
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, self.name), "w") as f:
+            f.write(str(self.step))
+
+
+def test_a_kill_anywhere_in_a_save_leaves_the_newest_complete_checkpoint(tmp_path, monkeypatch):
+    """save_checkpoint killed before each of its file operations in turn (the kill is an exception raised there),
+    then --resume's finish_save: DIR holds a complete checkpoint, the new one as soon as its state was written,
+    with the run's logs and data beside it, and nothing else is left over."""
+    import shutil
+    import common
+    out = str(tmp_path / "run")
+    ops = [(os, "rename"), (os, "replace"), (shutil, "move"), (torch, "save")]
+
+    def save(step):
+        common.save_checkpoint(_Saved("model.txt", step), _Saved("tok.txt", step), out, {"step": step}, {"args.json": {}})
+        with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step}) + "\n")
+
+    class Killed(Exception):
+        pass
+
+    def arm(at):
+        """Raise Killed at the at-th file operation from now on; returns the counter."""
+        count = [0]
+        for module, name in ops:
+            real = getattr(module, name)
+
+            def op(*a, real=real, **kw):
+                count[0] += 1
+                if count[0] == at:
+                    raise Killed
+                return real(*a, **kw)
+            monkeypatch.setattr(module, name, op)
+        return count
+    shutil.rmtree(out, ignore_errors=True)
+    save(1)
+    n_ops = arm(0)
+    save(2)
+    monkeypatch.undo()
+    n_ops, newest_at = n_ops[0], None
+    assert n_ops >= 5
+    for at in range(1, n_ops + 1):
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        os.makedirs(tmp_path)
+        save(1)
+        arm(at)
+        with pytest.raises(Killed):
+            common.save_checkpoint(_Saved("model.txt", 2), _Saved("tok.txt", 2), out, {"step": 2}, {"args.json": {}})
+        monkeypatch.undo()
+        common.finish_save(out)
+        assert sorted(os.listdir(tmp_path)) == ["run"], (at, os.listdir(tmp_path))
+        state = torch.load(os.path.join(out, "trainer_state.pt"), weights_only=True)
+        assert open(os.path.join(out, "model.txt")).read() == open(os.path.join(out, "tok.txt")).read() == str(state["step"])
+        assert [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl"))] == [1], at
+        if state["step"] == 2 and newest_at is None:
+            newest_at = at
+        assert state["step"] == (2 if newest_at is not None else 1), "once the new state was written, it is the one kept"
+    assert newest_at is not None and newest_at < n_ops
+
+
+def test_resume_drops_a_metrics_line_cut_short(tmp_path):
+    """A crash mid-write leaves half a line at the end of metrics.jsonl: --resume drops it (and the lines after
+    the checkpoint) instead of failing on it."""
+    import argparse
+    import common
+    torch.save({"step": 2, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+                "rng": common.rng_state()}, tmp_path / "trainer_state.pt")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": 1}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "x')
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert common.start_or_resume(argparse.Namespace(out=str(tmp_path)), opt, resume=True)["step"] == 2
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
