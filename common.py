@@ -211,6 +211,37 @@ def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_
     return p
 
 
+def positive(x):
+    return math.isfinite(x) and x > 0
+
+
+def at_least(n):
+    return lambda x: x >= n
+
+
+TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must be)
+    "lr": (positive, "a finite number > 0"),
+    "warmup": (at_least(0), ">= 0"),
+    "weight_decay": (lambda x: math.isfinite(x) and x >= 0, "a finite number >= 0"),
+    "grad_clip": (positive, "a finite number > 0 (a negative one would reverse the gradient)"),
+    "token_budget": (at_least(1), ">= 1"),
+    "eval_every": (at_least(0), ">= 0 (0: evaluate only at the end)"),
+    "eval_n": (at_least(1), ">= 1"),
+    "save_every": (at_least(0), ">= 0"),
+    "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and d.split(":")[-1].isdigit() or d == "cuda"),
+               "auto, cpu, cuda or cuda:N"),
+}
+
+
+def check_flags(args, rules):
+    """Stop with one line naming the first flag whose value breaks its rule ({flag: (test, what it must be)}), before
+    any work or any write."""
+    for flag, (ok, must) in rules.items():
+        value = getattr(args, flag)
+        if not ok(value):
+            raise SystemExit(f"--{flag} {value}: must be {must}")
+
+
 def lr_at(step, lr, warmup, total, schedule):
     """Linear warm-up, then constant or cosine decay to 10% of lr."""
     if step < warmup:

@@ -82,12 +82,11 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
                         pass  # a line cut by a crash: that episode is simply played again
         old = [r for r in old if r["index"] < n and r["rollout"] < rollouts]
     skip = {(r["index"], r["rollout"]) for r in old}
-    sink = open(path, "w" if not resume else "a") if path else None
-    if sink and resume:  # rewrite only the complete lines, so a cut line never stays in the file
-        sink.close()
-        with open(path, "w") as f:
+    if path and resume:  # keep only the complete lines (a cut line never stays), swapped in whole: a kill loses none
+        with open(path + ".part", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in old)
-        sink = open(path, "a")
+        os.replace(path + ".part", path)
+    sink = open(path, "a" if resume else "w") if path else None
 
     def write(rec):
         if sink:

@@ -29,9 +29,9 @@ import time
 
 import torch
 
-from common import (add_train_args, checkpoint_to_resume, load_env, load_model, log_eval, log_line, lr_at, pad_batch,
-                    parse_env_args, pick_device, rng_state, save_checkpoint, start_or_resume, token_logprobs, token_microbatches,
-                    train_autocast)
+from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, load_env, load_model,
+                    log_eval, log_line, lr_at, pad_batch, parse_env_args, pick_device, positive, rng_state, save_checkpoint,
+                    start_or_resume, token_logprobs, token_microbatches, train_autocast)
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, make_policy, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -194,6 +194,11 @@ def main():
     p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
     add_train_args(p, lr=2e-3, warmup=10, schedule="cosine", token_budget=16384, out="out/sft", eval_every=500, eval_n=50, save_every=500)
     args = p.parse_args()
+    check_flags(args, {**TRAIN_FLAG_RULES, "n_games": (at_least(1), ">= 1"), "batch": (at_least(1), ">= 1"),
+                       "max_steps": (at_least(0), ">= 0 (0: from --epochs)"), "epochs": (positive, "a finite number > 0"),
+                       "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
+                       "teacher_random_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+                       "context_loss": (lambda x: x is None or (x >= 0 and x == x), ">= 0")})
 
     if args.context_loss is None:
         args.context_loss = 0.3 if args.model == "scratch" else 0.0

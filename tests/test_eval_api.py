@@ -266,6 +266,40 @@ def test_resume_after_crash_inside_the_first_record(tmp_path):
     assert sorted(r["index"] for r in lines) == [0, 1, 2]
 
 
+def test_resume_killed_while_rewriting_keeps_every_row(tmp_path, monkeypatch):
+    """--resume rewrites rollouts.jsonl without its cut last line; a kill in that rewrite (raised where the new file
+    would be swapped in) leaves every finished row in place, and the next resume goes on from them."""
+    env = common.load_env("tictactoe")
+    eval_mod.evaluate(env, ScriptedPolicy(env, "minimax"), 6, out=str(tmp_path), progress=False)
+    path = tmp_path / "rollouts.jsonl"
+    rows = path.read_text()
+    path.write_text(rows + '{"index": 6, "rollout": 0, "mess')
+
+    class Killed(Exception):
+        pass
+
+    def kill(*a, **kw):
+        raise Killed
+    monkeypatch.setattr(eval_mod.os, "replace", kill)
+    with pytest.raises(Killed):
+        eval_mod.evaluate(env, ScriptedPolicy(env, "minimax"), 8, out=str(tmp_path), resume=True, progress=False)
+    monkeypatch.undo()
+    assert path.read_text().startswith(rows) and len(read_jsonl_complete(path)) == 6
+    summary, _ = eval_mod.evaluate(env, ScriptedPolicy(env, "minimax"), 8, out=str(tmp_path), resume=True, progress=False)
+    assert summary["n"] == 8 and sorted(r["index"] for r in read_jsonl(path)) == list(range(8))
+
+
+def read_jsonl_complete(path):
+    """The lines of a JSONL file that parse."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
 def test_unreachable_endpoint(tmp_path, key_env):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -299,3 +299,20 @@ def test_resume_drops_a_metrics_line_cut_short(tmp_path):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     assert common.start_or_resume(argparse.Namespace(out=str(tmp_path)), opt, resume=True)["step"] == 2
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--batch", "0"], "--batch"), (["--group", "0"], "--group"), (["--group", "1"], "--group"),
+    (["--max_new_tokens", "0"], "--max_new_tokens"), (["--lr", "nan"], "--lr"), (["--lr=-1e-6"], "--lr"),
+    (["--gen_batch", "0"], "--gen_batch"), (["--ppo_epochs", "0"], "--ppo_epochs"), (["--grad_clip=-1"], "--grad_clip"),
+    (["--temp", "0"], "--temp"), (["--temp=-1"], "--temp"), (["--temp", "nan"], "--temp"), (["--steps=-1"], "--steps"),
+    (["--beta=-1"], "--beta"), (["--top_p", "0"], "--top_p"), (["--top_p", "2"], "--top_p"), (["--eval_n", "0"], "--eval_n"),
+    (["--max_bad_steps", "0"], "--max_bad_steps"), (["--device", "nonsense"], "--device"), (["--token_budget", "0"], "--token_budget"),
+])
+def test_bad_flags_stop_with_one_line_naming_the_flag(argv, flag):
+    """Each bad value stops rl.py before any work or write, with a line that names the flag and what it must be."""
+    import rl
+    with pytest.raises(SystemExit) as e:
+        rl.parse_args(argv)
+    assert str(e.value).startswith(flag + " ") and "must be" in str(e.value)
+    rl.parse_args(["--device", "cuda:1", "--eps_low", "0.2"])  # and good values pass

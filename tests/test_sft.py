@@ -109,8 +109,10 @@ def test_bad_data_and_bad_model(tmp_path):
     res = sft("--model", str(tmp_path / "missing_model"), "--n_games", "4", "--out", str(tmp_path / "o2"))
     assert res.returncode != 0 and "could not load model" in res.stderr
     assert os.path.exists(tmp_path / "o2" / "teacher_games.jsonl")  # games already played are kept
-    res = sft("--teacher", "random", "--keep", "won", "--n_games", "0", "--out", str(tmp_path / "o3"))
+    res = sft("--teacher", "random", "--keep", "reward>=99", "--n_games", "2", "--out", str(tmp_path / "o3"))
     assert res.returncode != 0 and "no conversations left" in res.stderr
+    res = sft("--n_games", "0", "--out", str(tmp_path / "o4"))
+    assert res.returncode != 0 and "--n_games 0: must be >= 1" in res.stderr and not os.path.exists(tmp_path / "o4")
 
 
 SMALL = ["--vocab_size", "300", "--d_model", "32", "--n_layers", "2", "--n_heads", "2", "--n_games", "24",
