@@ -40,9 +40,13 @@ def load_env(name, env_args=None, defaults=None):
         module = importlib.import_module(f"env_{name}")
     except ModuleNotFoundError as e:
         if e.name != f"env_{name}":
-            raise
+            raise SystemExit(f"env_{name}.py imports {e.name!r}, which is not installed ({e})")
         found = sorted(f[4:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__))) if f.startswith("env_") and f.endswith(".py"))
         raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() (found: {', '.join(found)})")
+    except Exception as e:  # a syntax error, or an error raised while the file runs
+        raise SystemExit(f"env_{name}.py failed to import: {type(e).__name__}: {e}")
+    if not callable(getattr(module, "load_environment", None)):
+        raise SystemExit(f"env_{name}.py has no load_environment() function")
     accepted = inspect.signature(module.load_environment).parameters
     env_args = {**{k: v for k, v in (defaults or {}).items() if k in accepted}, **env_args}
     try:
@@ -77,10 +81,10 @@ def load_model(path, device="auto", train=False):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=weights_dtype(device, train), attn_implementation="sdpa")
-    except (OSError, ValueError) as e:
+    except Exception as e:  # not found, not a model, or a corrupt weights file
         hint = ("it is not a local directory and could not be fetched from the hub (no network?). Pass a directory "
                 "saved with save_pretrained (e.g. out/sft), or build one offline with `python sft.py --model scratch`"
-                if not os.path.isdir(path) else "the directory is not a complete save_pretrained model")
+                if not os.path.isdir(path) else "the directory is not a complete, readable save_pretrained model")
         raise SystemExit(f"could not load model {path!r}: {hint}.\n  ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
     if not tokenizer.chat_template:
         raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set tokenizer.chat_template "

@@ -77,9 +77,14 @@ def sample_rollouts(env, examples, policy, group):
     """`group` rollouts of every example (sample.rollout: records ordered example by example)."""
     try:
         return rollout(env, examples, policy, group=group, progress=False)
-    except torch.OutOfMemoryError as e:  # each episode's KV cache grows with every turn: say what to turn down
+    except torch.OutOfMemoryError as e:  # the rollout batches' KV caches grow with every turn: say what to turn down
         raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per rollout batch, now "
                          f"{policy.batch_size}) or --max_new_tokens ({policy.max_new_tokens}).\n  ({str(e)[:200]})") from e
+    except RuntimeError as e:
+        if "probability tensor contains" in str(e):  # torch.multinomial on logits that are NaN or inf
+            raise SystemExit("the model's logits are not finite (NaN or inf weights), so no reply can be sampled: resume "
+                             "from the last checkpoint (--resume) with a lower --lr") from e
+        raise
 
 
 # ----------------------------------------------------------------------------- 2. group advantages

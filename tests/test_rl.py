@@ -316,3 +316,16 @@ def test_bad_flags_stop_with_one_line_naming_the_flag(argv, flag):
         rl.parse_args(argv)
     assert str(e.value).startswith(flag + " ") and "must be" in str(e.value)
     rl.parse_args(["--device", "cuda:1", "--eps_low", "0.2"])  # and good values pass
+
+
+def test_non_finite_weights_stop_the_rollout_with_a_message(tiny_model, short_env):
+    """Weights that went NaN make every logit NaN: the rollout stops with a line saying what to do, no traceback."""
+    import copy
+    import rl
+    from sample import HFPolicy
+    model = copy.deepcopy(tiny_model[0])
+    with torch.no_grad():
+        model.get_output_embeddings().weight.fill_(float("nan"))
+    policy = HFPolicy(model, tiny_model[1], short_env.system_prompt, temp=1.0, max_new_tokens=4)
+    with pytest.raises(SystemExit, match="not finite"):
+        rl.sample_rollouts(short_env, short_env.examples(2), policy, 2)

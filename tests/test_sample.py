@@ -544,7 +544,7 @@ def test_load_model_errors(tmp_path, no_template_model_dir):
     empty.mkdir()
     with pytest.raises(SystemExit) as e:
         common.load_model(str(empty), device="cpu")
-    assert str(empty) in str(e.value) and "not a complete save_pretrained model" in str(e.value)
+    assert str(empty) in str(e.value) and "not a complete, readable save_pretrained model" in str(e.value)
     with pytest.raises(SystemExit, match="no chat template"):
         common.load_model(no_template_model_dir, device="cpu")
 
@@ -622,3 +622,27 @@ def test_throughput(tiny_model, ttt_env, batch, capsys):
     with capsys.disabled():
         print(f"\n[throughput] tiny model, batch {batch}: {policy.gen_tokens} tokens in {dt:.2f}s = "
               f"{policy.gen_tokens / dt:.0f} generated tokens/s (threads {torch.get_num_threads()})")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def load_environment(:\n", "failed to import: SyntaxError"),
+    ("raise RuntimeError('boom')\n", "failed to import: RuntimeError: boom"),
+    ("import not_a_package_here\n", "imports 'not_a_package_here', which is not installed"),
+    ("X = 1\n", "has no load_environment() function"),
+])
+def test_broken_environment_files_stop_with_one_line(source, message, tmp_path, monkeypatch):
+    """An env_NAME.py that does not import, or has no load_environment, stops with a line that says so."""
+    (tmp_path / "env_broken_here.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("env_broken_here", None)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        common.load_env("broken_here")
+
+
+def test_corrupt_weights_file_stops_with_one_line(tiny_model_dir, tmp_path):
+    import shutil
+    bad = tmp_path / "corrupt"
+    shutil.copytree(tiny_model_dir, bad)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(SystemExit, match="could not load model"):
+        common.load_model(str(bad), device="cpu")
