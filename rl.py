@@ -394,6 +394,10 @@ def main():
               f"the best so far: step {best['step']}, in {best_dir}")
         return found
 
+    if resume and step >= args.steps:  # its final evaluation and save are done: running them again would repeat rows
+        print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps {args.steps}): nothing to do")
+        return
+
     # ---- loop
     while step < args.steps:
         model.eval()

@@ -466,7 +466,7 @@ class APIPolicy:
                                        "Check --model, --api_base and the key in --api_key_env.") from e
                 if attempt == self.retries:
                     raise RuntimeError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
-                                       f"({type(e).__name__}: {e}). Is the server up? Retry later or raise --retries; "
+                                       f"({type(e).__name__}: {e}). Is the server up? Retry later; "
                                        "finished rollouts are kept (eval.py --resume continues).") from e
                 time.sleep(min(self.backoff * 2 ** attempt, 30.0) * (0.5 + random.random()))
 

@@ -164,6 +164,9 @@ def test_rl_smoke_and_exact_resume(tiny_model_dir, tmp_path):
     run_rl(tiny_model_dir, b, 2, env_dir=str(tmp_path))  # "interrupted" after 2 steps ...
     run_rl(tiny_model_dir, b, 4, ["--resume"], env_dir=str(tmp_path))  # ... and resumed
     assert train_lines(b) == rows
+    log = open(os.path.join(b, "metrics.jsonl")).read()
+    assert "nothing to do" in run_rl(tiny_model_dir, b, 4, ["--resume"], env_dir=str(tmp_path))  # a finished run
+    assert open(os.path.join(b, "metrics.jsonl")).read() == log, "resuming a finished run repeated its final rows"
     wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     from transformers import AutoModelForCausalLM
