@@ -243,7 +243,7 @@ def check_flags(args, rules):
     for flag, (ok, must) in rules.items():
         value = getattr(args, flag)
         if not ok(value):
-            raise SystemExit(f"--{flag} {value}: must be {must}")
+            raise SystemExit(f"{'-' if len(flag) == 1 else '--'}{flag} {value}: must be {must}")
 
 
 def lr_at(step, lr, warmup, total, schedule):

@@ -222,16 +222,17 @@ class TicTacToe:
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
-        number = lambda x: isinstance(x, (int, float))
+        number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
+        integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
         for name, value, ok, must in [
                 ("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
                 ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
                 ("min_random_move_prob", lo, number(lo) and number(hi) and lo <= hi, f"at most max_random_move_prob={hi}"),
-                ("num_groups", num_groups, isinstance(num_groups, int) and num_groups >= 1, "a positive integer"),
-                ("max_turns", max_turns, isinstance(max_turns, int) and max_turns >= 1, "a positive integer"),
+                ("num_groups", num_groups, integer(num_groups) and num_groups >= 1, "a positive integer"),
+                ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
                 ("invalid_penalty", invalid_penalty, number(invalid_penalty) and 0 <= invalid_penalty < float("inf"), "a number >= 0"),
                 ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
-                ("opening", opening, isinstance(opening, int) and opening >= 0, "an integer >= 0")]:
+                ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns

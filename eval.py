@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from common import load_env, parse_env_args
-from sample import add_policy_args, advance, finish, new_episode, policy_from_args, rollout, show
+from common import at_least, check_flags, load_env, parse_env_args
+from sample import POLICY_FLAG_RULES, add_policy_args, advance, finish, new_episode, policy_from_args, rollout, show
 
 from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
 
@@ -273,6 +273,8 @@ def main():
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
     args = p.parse_args()
+    check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
+                       "show": (at_least(0), ">= 0")})
     if args.report:
         return write_report(args.report, args.times, args.random_move_prob, args.sft_args, args.rl_args, args.env_args)
     random.seed(args.seed)

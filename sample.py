@@ -39,7 +39,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from common import load_env, load_model
+from common import TRAIN_FLAG_RULES, at_least, check_flags, load_env, load_model
 
 # ----------------------------------------------------------------------------- environments
 
@@ -619,6 +619,17 @@ def add_policy_args(p):
     return p
 
 
+POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value must be), checked by check_flags
+    "temp": (lambda x: x == x and 0 <= x < float("inf"), "a finite number >= 0 (0: greedy)"),
+    "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
+    "max_new_tokens": (at_least(1), ">= 1"),
+    "batch_size": (at_least(1), ">= 1"),
+    "concurrency": (at_least(1), ">= 1"),
+    "random_move_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "device": TRAIN_FLAG_RULES["device"],
+}
+
+
 def policy_from_args(args, env, temp=None):
     return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
                        args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob)
@@ -630,6 +641,7 @@ def main():
     p.add_argument("--play", action="store_true", help="play tic-tac-toe against the model in the terminal")
     p.add_argument("--out", default=None, help="also write the rollout records (JSONL) to this file")
     args = p.parse_args()
+    check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1")})
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env = load_env(args.env, args.env_args)

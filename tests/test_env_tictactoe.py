@@ -881,3 +881,12 @@ def test_scripted_player_is_seeded_by_seed_and_board():
     player = env.scripted_player("random")
     assert player({"board": EMPTY, "seed": 1}) == player({"board": EMPTY, "seed": 1})
     assert len({player({"board": EMPTY, "seed": s}) for s in range(60)}) == 9
+
+
+@pytest.mark.parametrize("env_args", [{"max_turns": True}, {"num_groups": False}, {"opening": True},
+                                      {"invalid_penalty": float("nan")}, {"max_random_move_prob": True}])
+def test_booleans_and_nan_are_not_numbers(env_args):
+    """JSON true/false are Python bools, which are ints: they must not pass as a number of turns or a probability."""
+    import common
+    with pytest.raises(SystemExit, match="bad --env_args for tictactoe"):
+        common.load_env("tictactoe", env_args)
