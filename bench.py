@@ -127,11 +127,11 @@ class FixedEnv:
 
 
 def count_params(model):
-    """(parameters a decoding step reads, parameters whose FLOPs count): the input embedding is only gathered, so
-    it counts neither way unless it is tied to the output head."""
+    """Parameters a decoding step reads and whose FLOPs count: the input embedding is only gathered, so it counts
+    only where it is tied to the output head."""
     total = sum(p.numel() for p in model.parameters())
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return (total if emb is head else total - emb.numel()), (total if emb is head else total - emb.numel())
+    return total if emb is head else total - emb.numel()
 
 
 def attention_dims(config):
@@ -150,7 +150,7 @@ def decode_floor(records, n_read, config, bandwidth):
     kv_per_token = 2 * n_attn * kv_dim * 2  # keys and values, bf16
     steps = {}  # (turn, j) -> live KV tokens summed over the episodes at that step
     for r in records:
-        turn, pos = 0, 0
+        turn = 0
         for i, m in enumerate(r["mask"]):
             if m and (i == 0 or not r["mask"][i - 1]):  # the first sampled token of a turn
                 j = 0
@@ -210,10 +210,10 @@ def bench_shape(shape, args, device):
     median = lambda k: statistics.median(r[k] for r in timed)
     records = timed[-1]["records"]
     gen_tokens = sum(sum(r["mask"]) for r in records)
-    n_read, n_flop = count_params(model)
+    n_counted = count_params(model)
     bandwidth, peak_flops = gpu_specs(device, args)
-    floor_s, n_steps = decode_floor(records, n_read, model.config, bandwidth) if bandwidth else (None, None)
-    flops = update_flops(records, n_flop, model.config)
+    floor_s, n_steps = decode_floor(records, n_counted, model.config, bandwidth) if bandwidth else (None, None)
+    flops = update_flops(records, n_counted, model.config)
     out = {"shape": shape, "params": sum(p.numel() for p in model.parameters()), "episodes": len(records),
            "gen_tokens": gen_tokens, "train_tokens": sum(len(r["ids"]) for r in records), "decode_steps": n_steps,
            "step_s": median("step_s"), "gen_s": median("gen_s"), "update_s": median("update_s"),

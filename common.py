@@ -219,6 +219,10 @@ def positive(x):
     return math.isfinite(x) and x > 0
 
 
+def non_negative(x):
+    return math.isfinite(x) and x >= 0
+
+
 def at_least(n):
     return lambda x: x >= n
 
@@ -226,7 +230,7 @@ def at_least(n):
 TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must be)
     "lr": (positive, "a finite number > 0"),
     "warmup": (at_least(0), ">= 0"),
-    "weight_decay": (lambda x: math.isfinite(x) and x >= 0, "a finite number >= 0"),
+    "weight_decay": (non_negative, "a finite number >= 0"),
     "grad_clip": (positive, "a finite number > 0 (a negative one would reverse the gradient)"),
     "token_budget": (at_least(1), ">= 1"),
     "eval_every": (at_least(0), ">= 0 (0: evaluate only at the end)"),
@@ -318,17 +322,18 @@ def finish_save(out):
     complete OUT.tmp takes OUT's logs and data and replaces it (OUT -> OUT.old, OUT.tmp -> OUT, OUT.old removed);
     an incomplete one is removed; an OUT.old left without an OUT is put back. Every step can be redone."""
     tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+
+    def take_logs(src):  # the run's logs and data move into the new checkpoint, where it lacks them
+        for name in os.listdir(src):
+            if _kept_beside_weights(name) and not os.path.exists(os.path.join(tmp, name)):
+                shutil.move(os.path.join(src, name), os.path.join(tmp, name))
     if os.path.exists(os.path.join(tmp, "trainer_state.pt")):
         if os.path.isdir(out):
-            for name in os.listdir(out):
-                if _kept_beside_weights(name) and not os.path.exists(os.path.join(tmp, name)):
-                    shutil.move(os.path.join(out, name), os.path.join(tmp, name))
+            take_logs(out)
             shutil.rmtree(old, ignore_errors=True)
             os.rename(out, old)
-        elif os.path.isdir(old):  # a crash between the two renames: OUT.old still holds the logs of the run
-            for name in os.listdir(old):
-                if _kept_beside_weights(name) and not os.path.exists(os.path.join(tmp, name)):
-                    shutil.move(os.path.join(old, name), os.path.join(tmp, name))
+        elif os.path.isdir(old):  # a crash between the two renames: OUT.old may still hold some of the logs
+            take_logs(old)
         os.rename(tmp, out)
     else:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -55,9 +55,9 @@ import torch
 
 from eval import evaluate_standard
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, finish_save, load_env,
-                    load_model, log_eval, log_line, lr_at, pad_batch, parse_env_args, pick_device, positive, rng_state,
+                    load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state,
                     save_checkpoint, start_or_resume, token_logprobs, token_microbatches, train_autocast)
-from sample import HFPolicy, rollout, show
+from sample import POLICY_FLAG_RULES, HFPolicy, rollout, show
 
 # ----------------------------------------------------------------------------- 1. rollouts
 
@@ -311,14 +311,13 @@ def parse_args(argv=None):
                    "of the best certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args(argv)
-    unit = lambda x: math.isfinite(x) and 0 < x <= 1
-    check_flags(args, {**TRAIN_FLAG_RULES,
+    check_flags(args, {**TRAIN_FLAG_RULES, "top_p": POLICY_FLAG_RULES["top_p"], "max_new_tokens": POLICY_FLAG_RULES["max_new_tokens"],
                        "batch": (at_least(1), ">= 1"), "group": (at_least(2), ">= 2: the advantage compares rollouts of the same example"),
-                       "temp": (positive, "a finite number > 0: the loss divides the logits by it"), "top_p": (unit, "in (0, 1]"),
-                       "max_new_tokens": (at_least(1), ">= 1"), "gen_batch": (at_least(1), ">= 1"), "steps": (at_least(0), ">= 0"),
-                       "eps_high": (lambda x: math.isfinite(x) and x >= 0, "a finite number >= 0"),
-                       "eps_low": (lambda x: x is None or (math.isfinite(x) and 0 <= x < 1), "in [0, 1)"),
-                       "beta": (lambda x: math.isfinite(x) and x >= 0, "a finite number >= 0"),
+                       "temp": (positive, "a finite number > 0: the loss divides the logits by it"),
+                       "gen_batch": (at_least(1), ">= 1"), "steps": (at_least(0), ">= 0"),
+                       "eps_high": (non_negative, "a finite number >= 0"),
+                       "eps_low": (lambda x: x is None or (non_negative(x) and x < 1), "in [0, 1)"),
+                       "beta": (non_negative, "a finite number >= 0"),
                        "ppo_epochs": (at_least(1), ">= 1"), "minibatch": (at_least(0), ">= 0 (0: the whole batch)"),
                        "max_bad_steps": (at_least(1), ">= 1"), "exploit": (at_least(0), ">= 0 (0: off)")})
     if args.batch % args.group:

@@ -39,7 +39,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from common import TRAIN_FLAG_RULES, at_least, check_flags, load_env, load_model
+from common import TRAIN_FLAG_RULES, at_least, check_flags, load_env, load_model, non_negative
 
 # ----------------------------------------------------------------------------- environments
 
@@ -130,10 +130,11 @@ def sliding_window(config):
 class RowCache:
     """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for
     its whole game. A forward writes each row's new tokens at that row's own positions (`write`, (B, W)), so a
-    turn appends at the row's end and nothing is copied between turns; at a turn boundary gather() drops the rows
+    turn appends at the row's end; at a turn boundary gather() drops the rows
     of finished episodes (and repeats the row of an episode copied mid-game: eval.certify branches its lines).
-    Layers call update() as they call a transformers Cache's and attend the first `span` positions of every row,
-    with a mask that shows each row its own."""
+    The buffers are copied only when they grow (reserve) or lose or repeat rows (gather). Layers call update() as
+    they call a transformers Cache's and attend the first `span` positions of every row, with a mask that shows
+    each row its own."""
 
     def __init__(self, dtype):
         self.dtype, self.capacity = dtype, 0
@@ -156,11 +157,11 @@ class RowCache:
 
     def gather(self, rows):
         """Row i of the next turn is row rows[i] of this one: one layer copied at a time."""
-        if rows == list(range(len(rows))):
+        if rows == list(range(len(rows))) or not self.keys:
             return
+        index = torch.tensor(rows, device=next(iter(self.keys.values())).device)
         for buffers in (self.keys, self.values):
             for layer, buf in buffers.items():
-                index = torch.tensor(rows, device=buf.device)
                 if len(rows) <= buf.shape[0]:
                     buf[:len(rows)] = buf[index]
                 else:
@@ -171,11 +172,10 @@ class RowCache:
         if positions + 1 <= self.capacity:
             return
         old, self.capacity = self.capacity, positions + 1 + room
-        n = rows
         for buffers in (self.keys, self.values):
             for layer, buf in buffers.items():  # one layer at a time: never two copies of the whole cache
-                new = buf.new_zeros((n, buf.shape[1], self.capacity, buf.shape[3]))
-                new[:, :, :old - 1] = buf[:n, :, :old - 1]
+                new = buf.new_zeros((rows, buf.shape[1], self.capacity, buf.shape[3]))
+                new[:, :, :old - 1] = buf[:rows, :, :old - 1]
                 buffers[layer] = new
 
 
@@ -339,10 +339,11 @@ class HFPolicy:
         keys = torch.arange(span, device=pos.device)
         seen = (keys <= pos[..., None]) & real[..., None]  # (B, W, span)
         pad = (keys == 0) & ~real[..., None]
+        full = (seen | pad)[:, None]
         if self.window is None:
-            return (seen | pad)[:, None]
+            return full
         near = (seen & (keys > pos[..., None] - self.window) | pad)[:, None]
-        return {"full_attention": (seen | pad)[:, None], "sliding_attention": near} if self.window_layers_only else near
+        return {"full_attention": full, "sliding_attention": near} if self.window_layers_only else near
 
     def _reencode(self, episodes):
         """Models whose layers are not all attention: the whole conversation, left-padded, through the model's own
@@ -620,7 +621,7 @@ def add_policy_args(p):
 
 
 POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value must be), checked by check_flags
-    "temp": (lambda x: x == x and 0 <= x < float("inf"), "a finite number >= 0 (0: greedy)"),
+    "temp": (non_negative, "a finite number >= 0 (0: greedy)"),
     "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
     "max_new_tokens": (at_least(1), ">= 1"),
     "batch_size": (at_least(1), ">= 1"),
