@@ -4,6 +4,8 @@ token logprobs for training, the run's flags, learning-rate schedule, checkpoint
 
 Nothing here is RL or SFT: sample.py (rollouts), sft.py and rl.py (the algorithms) and eval.py import it.
 """
+import contextlib
+import errno
 import importlib
 import inspect
 import json
@@ -12,6 +14,7 @@ import os
 import pickle
 import random
 import shutil
+import tempfile
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -227,6 +230,37 @@ def at_least(n):
     return lambda x: x >= n
 
 
+def can_write(path, directory=True):
+    """True when PATH can be created or written: a directory (directory=True) or a file, judged by writing a probe
+    file into the nearest directory that already exists along the path (the permission bits say nothing for root
+    or for a read-only mount)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and os.path.isdir(path) != directory:
+        return False
+    probe = path if directory else os.path.dirname(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return False  # a regular file sits where a directory of the path must be
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def disk_full_says_what_is_kept(kept):
+    """A full disk (or one remounted read-only) in the middle of a run ends with one line saying what is kept on disk
+    and what to do, instead of a traceback."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise SystemExit(f"could not write{' ' + str(e.filename) if e.filename else ''}: {e.strerror}. {kept}") from None
+
+
 TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must be)
     "lr": (positive, "a finite number > 0"),
     "warmup": (at_least(0), ">= 0"),
@@ -238,6 +272,7 @@ TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must 
     "save_every": (at_least(0), ">= 0"),
     "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and d.split(":")[-1].isdigit() or d == "cuda"),
                "auto, cpu, cuda or cuda:N"),
+    "out": (can_write, "a directory you can write"),
 }
 
 
@@ -296,12 +331,21 @@ def start_or_resume(args, opt, resume):
     return ts
 
 
+def samples_when_served(model):
+    """Set the generation config that a server honouring it (transformers serve; vLLM's default) needs to sample the
+    way rl.py trains: do_sample on, no top-k cut, temperature and top-p from each request. Without do_sample such a
+    server decodes greedily at every temperature; temperature 0 stays greedy."""
+    g = model.generation_config
+    g.do_sample, g.top_k, g.top_p, g.temperature = True, 0, 1.0, 1.0
+
+
 def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
     """save_pretrained + trainer state into OUT.tmp, then swap it in (finish_save). OUT.tmp is complete once its
     trainer_state.pt exists (written last, under a temporary name first): a crash at any moment leaves either
     the old checkpoint or a complete new one, and --resume finishes an interrupted swap."""
     tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    samples_when_served(model)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     for name, obj in extra_json.items():

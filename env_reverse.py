@@ -79,8 +79,11 @@ class Reverse:
     max_turns = 1
 
     def __init__(self, data_path=None, min_words=3, max_words=12):
-        if not (isinstance(min_words, int) and isinstance(max_words, int) and 1 <= min_words <= max_words):
+        integer = lambda x: isinstance(x, int) and not isinstance(x, bool)  # JSON true is not a count
+        if not (integer(min_words) and integer(max_words) and 1 <= min_words <= max_words):
             raise ValueError(f"min_words={min_words!r}, max_words={max_words!r}: need integers with 1 <= min_words <= max_words")
+        if data_path is not None and not isinstance(data_path, str):
+            raise ValueError(f"data_path={data_path!r}: must be the path of a .txt or .jsonl file")
         self.texts = read_texts(data_path) if data_path else None
         self.min_words, self.max_words = min_words, max_words
 

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from common import at_least, check_flags, load_env, parse_env_args
-from sample import POLICY_FLAG_RULES, add_policy_args, advance, finish, new_episode, policy_from_args, rollout, show
+from common import at_least, can_write, check_flags, disk_full_says_what_is_kept, load_env, parse_env_args
+from sample import POLICY_FLAG_RULES, APIError, add_policy_args, advance, finish, new_episode, policy_from_args, rollout, show
 
 from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
 
@@ -254,6 +254,25 @@ Training curves: {out}/rl/curves.png
 # ----------------------------------------------------------------------------- CLI
 
 
+def run_task(args, task, env_args, policy, out):
+    """One opponent's games, or the certificate, with its summary printed and written to out."""
+    task_env_args = {**env_args, **OPPONENTS.get(task, {})}
+    env = load_env(args.env, task_env_args)
+    if task == "certify":
+        summary, mistakes = certify(env, policy, out)
+        for m in mistakes[:args.show]:
+            print(f"{m['kind']}:\n{m['board'][0:3]}\n{m['board'][3:6]}\n{m['board'][6:9]}\nreply: {m['reply']}\n")
+        print(format_summary(summary, f"certificate for {args.model} (greedy)"))
+    else:
+        summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
+        for rec in records[:args.show]:
+            print(show(rec) + "\n")
+        print(format_summary(summary, f"{args.model} on {args.env} {json.dumps(task_env_args)}"))
+    if out:
+        with open(os.path.join(out, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=2)
+
+
 def main():
     p = add_policy_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     p.set_defaults(temp=0.0)
@@ -274,7 +293,7 @@ def main():
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
     args = p.parse_args()
     check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
-                       "show": (at_least(0), ">= 0")})
+                       "show": (at_least(0), ">= 0"), "out": (lambda d: d is None or can_write(d), "a directory you can write")})
     if args.report:
         return write_report(args.report, args.times, args.random_move_prob, args.sft_args, args.rl_args, args.env_args)
     random.seed(args.seed)
@@ -287,22 +306,12 @@ def main():
     policy = policy_from_args(args, load_env(args.env, env_args))
     for task in tasks:
         out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
-        task_env_args = {**env_args, **OPPONENTS.get(task, {})}
-        env = load_env(args.env, task_env_args)
-        if task == "certify":
-            summary, mistakes = certify(env, policy, out)
-            for m in mistakes[:args.show]:
-                print(f"{m['kind']}:\n{m['board'][0:3]}\n{m['board'][3:6]}\n{m['board'][6:9]}\nreply: {m['reply']}\n")
-            print(format_summary(summary, f"certificate for {args.model} (greedy)"))
-        else:
-            summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
-            for rec in records[:args.show]:
-                print(show(rec) + "\n")
-            print(format_summary(summary, f"{args.model} on {args.env} {json.dumps(task_env_args)}"))
-        if out:
-            with open(os.path.join(out, "args.json"), "w") as f:
-                json.dump(vars(args), f, indent=2)
+        try:
+            run_task(args, task, env_args, policy, out)
+        except APIError as e:
+            raise SystemExit(str(e)) from None
 
 
 if __name__ == "__main__":
-    main()
+    with disk_full_says_what_is_kept("The finished rows in --out's rollouts.jsonl are kept: free space, then rerun with --resume."):
+        main()

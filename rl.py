@@ -54,8 +54,8 @@ import time
 import torch
 
 from eval import evaluate_standard
-from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, finish_save, load_env,
-                    load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state,
+from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
+                    finish_save, load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state,
                     save_checkpoint, start_or_resume, token_logprobs, token_microbatches, train_autocast)
 from sample import POLICY_FLAG_RULES, HFPolicy, rollout, show
 
@@ -450,4 +450,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: free space, then rerun with --resume."):
+        main()

@@ -39,7 +39,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from common import TRAIN_FLAG_RULES, at_least, check_flags, load_env, load_model, non_negative
+from common import TRAIN_FLAG_RULES, at_least, can_write, check_flags, load_env, load_model, non_negative
 
 # ----------------------------------------------------------------------------- environments
 
@@ -435,58 +435,107 @@ class HFPolicy:
         return token, logp.gather(1, token[:, None]).squeeze(1)
 
 
-class APIPolicy:
-    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env."""
-    RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+class APIError(RuntimeError):
+    """The server refused a request, or stayed unreachable through every retry; the message says what to change."""
 
-    def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024,
-                 concurrency=16, retries=6, timeout=120.0, backoff=1.0):
+
+class APIPolicy:
+    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env.
+
+    Games through a server send text, not tokens: the server re-tokenizes the conversation every turn, so a reply
+    whose sampled tokens are not the tokenizer's own encoding of its text is seen differently on the next turn.
+    Servers with a reasoning parser return the <think> block in a separate field and strip it from the content;
+    the reply is rebuilt as the model wrote it, so it is scored, shown and sent back with its reasoning."""
+    RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+    REASONING_FIELDS = ("reasoning_content", "reasoning")  # transformers serve and vLLM; some hosted APIs
+
+    def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024, concurrency=16,
+                 top_p=1.0, seed=0, send_seed=True, retries=6, timeout=120.0, backoff=1.0):
         import openai
-        self.openai, self.model, self.temp, self.max_new_tokens = openai, model, temp, max_new_tokens
+        self.openai, self.model, self.temp, self.top_p, self.max_new_tokens = openai, model, temp, top_p, max_new_tokens
         self.client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env) or "EMPTY",
                                     max_retries=0, timeout=timeout)
         self.api_base, self.concurrency, self.retries, self.backoff = api_base, concurrency, retries, backoff
+        self.seed, self.send_seed = seed, send_seed
         self.gen_tokens, self.lock = 0, threading.Lock()
 
     def __call__(self, episodes):
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda ep: self._one(ep["messages"]), episodes))
+            return list(pool.map(lambda ep: self._one(ep["messages"], self._request_seed(ep)), episodes))
 
-    def _one(self, messages):
+    def _request_seed(self, ep):
+        """A function of the run's seed, the episode and its turn: a rerun sends the same requests, whatever the order
+        in which the server answers them."""
+        turn = sum(m["role"] == "assistant" for m in ep["messages"])
+        return random.Random(f"{self.seed}/{ep['index']}/{ep['rollout']}/{turn}").randrange(2**31)
+
+    def _one(self, messages, seed):
+        sampling = {"temperature": self.temp, "max_tokens": self.max_new_tokens}
+        if self.top_p < 1.0:  # not sent at 1.0: some servers refuse top_p for some models
+            sampling["top_p"] = self.top_p
+        if self.send_seed:
+            sampling["seed"] = seed
         for attempt in range(self.retries + 1):
             try:
-                resp = self.client.chat.completions.create(model=self.model, messages=messages, temperature=self.temp,
-                                                           max_tokens=self.max_new_tokens)
+                resp = self.client.chat.completions.create(model=self.model, messages=messages, **sampling)
                 with self.lock:
                     self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
-                return resp.choices[0].message.content or ""
+                message = resp.choices[0].message
+                reasoning = next((r for r in (getattr(message, f, None) for f in self.REASONING_FIELDS) if r), None)
+                return (f"<think>{reasoning}</think>" if reasoning else "") + (message.content or "")
             except (self.openai.APITimeoutError, self.openai.APIConnectionError, self.openai.APIStatusError) as e:
                 status = getattr(e, "status_code", None)
                 if status is not None and status not in self.RETRYABLE_STATUS:
-                    raise RuntimeError(f"API error {status} from {self.api_base} for model {self.model!r}: {e}. "
-                                       "Check --model, --api_base and the key in --api_key_env.") from e
+                    raise APIError(f"API error {status} from {self.api_base} for model {self.model!r}: "
+                                   f"{server_reason(e)}. {self._what_to_change(server_reason(e), status)}") from e
                 if attempt == self.retries:
-                    raise RuntimeError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
-                                       f"({type(e).__name__}: {e}). Is the server up? Retry later; "
-                                       "finished rollouts are kept (eval.py --resume continues).") from e
+                    raise APIError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
+                                   f"({type(e).__name__}: {server_reason(e)}). Is the server up? Retry later; "
+                                   "finished rollouts are kept (eval.py --resume continues).") from e
                 time.sleep(min(self.backoff * 2 ** attempt, 30.0) * (0.5 + random.random()))
+
+    def _what_to_change(self, reason, status):
+        reason = reason.lower()
+        if "seed" in reason and self.send_seed:
+            return "The server refuses the `seed` parameter: rerun with --no_api_seed (its games are then not reproducible)."
+        if "top_p" in reason and self.top_p < 1.0:
+            return "The server refuses the `top_p` parameter: rerun with --top_p 1 (it is then not sent)."
+        if status in (401, 403):
+            return "Check the key in the environment variable that --api_key_env names."
+        return (f"--model must be the name the server serves (GET {self.api_base.rstrip('/')}/models lists them); "
+                "check --api_base and the key in --api_key_env.")
+
+
+def server_reason(e):
+    """The server's own explanation of an error, on one line: the body's message or detail, else the exception's text."""
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        body = body.get("error", body)
+        if isinstance(body, dict):
+            body = body.get("message") or body.get("detail") or json.dumps(body)
+    text = body if isinstance(body, str) and body else str(e)
+    return " ".join(text.split())[:400]
 
 
 class ScriptedPolicy:
     def __init__(self, env, name, random_move_prob=0.0):
-        self.player, self.gen_tokens = env.scripted_player(name, random_move_prob), 0
+        try:
+            self.player = env.scripted_player(name, random_move_prob)
+        except ValueError as e:  # a player this environment does not have
+            raise SystemExit(str(e)) from None
+        self.gen_tokens = 0
 
     def __call__(self, episodes):
         return [self.player(ep["state"]) for ep in episodes]
 
 
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0):
+                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True):
     """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
     if model in ("random", "minimax", "oracle"):
         return ScriptedPolicy(env, model, random_move_prob)
     if api_base:
-        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency)
+        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
     lm, tokenizer = load_model(model, device)
     return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size)
 
@@ -616,6 +665,8 @@ def add_policy_args(p):
     p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL; --model is then the served model name")
     p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="name of the environment variable holding the API key")
     p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
+    p.add_argument("--no_api_seed", action="store_true", help="API models: send no per-request seed (for a server that "
+                   "refuses one; its sampled games are then not reproducible)")
     p.add_argument("--random_move_prob", type=float, default=0.0, help="--model minimax only: its own random-move probability")
     return p
 
@@ -633,7 +684,8 @@ POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value mus
 
 def policy_from_args(args, env, temp=None):
     return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
-                       args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob)
+                       args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob,
+                       args.seed, not args.no_api_seed)
 
 
 def main():
@@ -642,14 +694,18 @@ def main():
     p.add_argument("--play", action="store_true", help="play tic-tac-toe against the model in the terminal")
     p.add_argument("--out", default=None, help="also write the rollout records (JSONL) to this file")
     args = p.parse_args()
-    check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1")})
+    check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"),
+                       "out": (lambda f: f is None or can_write(f, directory=False), "a file you can write")})
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env = load_env(args.env, args.env_args)
     policy = policy_from_args(args, env)
     if args.play:
         return play_human(args.env, args.env_args, policy)
-    records = rollout(env, env.examples(args.n, args.seed), policy)
+    try:
+        records = rollout(env, env.examples(args.n, args.seed), policy)
+    except APIError as e:
+        raise SystemExit(str(e)) from None
     for rec in records:
         print(show(rec, env) + "\n")
     if args.out:

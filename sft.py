@@ -23,14 +23,16 @@ DIR/data.jsonl (the kept games) and DIR/trainer_state.pt (for --resume).
 """
 import argparse
 import json
+import math
 import os
 import random
 import time
 
 import torch
 
-from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, load_env, load_model,
-                    log_eval, log_line, lr_at, pad_batch, parse_env_args, pick_device, positive, rng_state, save_checkpoint,
+from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
+                    load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device,
+                    positive, rng_state, samples_when_served, save_checkpoint,
                     start_or_resume, token_logprobs, token_microbatches, train_autocast)
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, make_policy, rollout
 
@@ -49,15 +51,22 @@ def keep_game(rec, keep):
         return well_formed and not m.get("loss", 0.0)
     if keep == "won":
         return well_formed and m.get("win", 0.0) == 1.0
-    if keep.startswith("reward>="):
-        return rec["reward"] >= float(keep.split(">=")[1])
-    raise SystemExit(f"--keep {keep!r}: use not_lost, won, all or reward>=X")
+    return rec["reward"] >= float(keep.split(">=")[1])  # reward>=X, checked by keep_rule_is_valid
+
+
+def keep_rule_is_valid(keep):
+    if keep in ("all", "not_lost", "won"):
+        return True
+    try:
+        return keep.startswith("reward>=") and math.isfinite(float(keep.split(">=")[1]))
+    except ValueError:
+        return False
 
 
 def teacher_games(args, env):
     """Play --n_games with the teacher, write all games to DIR/teacher_games.jsonl as they finish, return the kept ones."""
     policy = make_policy(args.teacher, env, args.device, args.teacher_temp, 1.0, args.max_new_tokens, 256, args.api_base,
-                         args.api_key_env, args.concurrency, args.teacher_random_prob)
+                         args.api_key_env, args.concurrency, args.teacher_random_prob, args.seed, not args.no_api_seed)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "teacher_games.jsonl")
     games = []
@@ -128,6 +137,7 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    samples_when_served(model)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     n = sum(p.numel() for p in model.parameters())
@@ -175,6 +185,8 @@ def main():
     p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL for an API teacher")
     p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
+    p.add_argument("--no_api_seed", action="store_true", help="API teacher: send no per-request seed (for a server that "
+                   "refuses one; its games are then not reproducible)")
     p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
     p.add_argument("--n_games", type=int, default=12000, help="teacher games to play (scripted teachers are free; ~200 for an API teacher)")
     p.add_argument("--keep", default="not_lost", help="filter: not_lost (and well-formed), won, all, or reward>=X")
@@ -198,7 +210,11 @@ def main():
                        "max_steps": (at_least(0), ">= 0 (0: from --epochs)"), "epochs": (positive, "a finite number > 0"),
                        "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
                        "teacher_random_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
-                       "context_loss": (lambda x: x is None or (x >= 0 and x == x), ">= 0")})
+                       "teacher_temp": (non_negative, "a finite number >= 0 (0: greedy)"), "concurrency": (at_least(1), ">= 1"),
+                       "keep": (keep_rule_is_valid, "not_lost, won, all or reward>=X (X a number)"),
+                       "vocab_size": (at_least(1), ">= 1"), "n_layers": (at_least(1), ">= 1"), "n_heads": (at_least(1), ">= 1"),
+                       "d_model": (lambda d: d >= 1 and d % max(args.n_heads, 1) == 0, f"a positive multiple of --n_heads {args.n_heads}"),
+                       "context_loss": (lambda x: x is None or non_negative(x), "a finite number >= 0")})
 
     if args.context_loss is None:
         args.context_loss = 0.3 if args.model == "scratch" else 0.0
@@ -210,6 +226,16 @@ def main():
     device = pick_device(args.device)
     env = load_env(args.env, args.env_args)
     resume = checkpoint_to_resume(args)
+
+    # ---- model: loaded before any game is played or any file written, so a bad --model costs nothing and loses
+    # nothing (an HF teacher then plays while the student is in memory)
+    if resume:
+        model_path = args.out
+    elif args.model == "scratch":
+        model_path = build_scratch(os.path.join(args.out + "_init"), env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
+    else:
+        model_path = args.model
+    model, tokenizer = load_model(model_path, device, train=True)
 
     # ---- data
     data_path = os.path.join(args.out, "data.jsonl")
@@ -227,14 +253,6 @@ def main():
         with open(data_path, "w") as f:
             f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
 
-    # ---- model
-    if resume:
-        model_path = args.out
-    elif args.model == "scratch":
-        model_path = build_scratch(os.path.join(args.out + "_init"), env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
-    else:
-        model_path = args.model
-    model, tokenizer = load_model(model_path, device, train=True)
     chat = ChatTokens(tokenizer, env.system_prompt)
     encoded = [chat.encode_conversation(c) for c in convs]
     dropped = sum(len(ids) > args.max_len for ids, _ in encoded)
@@ -311,4 +329,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: free space, then rerun with --resume."):
+        main()

@@ -404,16 +404,3 @@ def test_certificate_lines_replay_as_examples():
             assert state["winner"] == "O"
     with pytest.raises(ValueError, match="not a free cell"):
         env.reset({"seed": 7, "random_move_prob": 0.0, "model_first": False, "replies": {"." * 9: 9}})
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["-n", "-1"], "-n -1: must be >= 1"), (["-r", "0"], "--rollouts 0: must be >= 1"),
-    (["--top_p", "2"], "--top_p 2.0: must be in (0, 1]"), (["--temp=-1"], "--temp -1.0: must be a finite number >= 0"),
-    (["--batch_size", "0"], "--batch_size 0: must be >= 1"), (["--concurrency", "0"], "--concurrency 0: must be >= 1"),
-    (["--device", "gpu"], "--device gpu: must be auto, cpu, cuda or cuda:N"),
-])
-def test_eval_bad_flags_stop_with_one_line(argv, message, monkeypatch, tmp_path):
-    """eval.py checks its flags before playing or writing anything."""
-    with pytest.raises(SystemExit, match=re.escape(message)):
-        _eval_main(monkeypatch, ["--model", "random", "--out", str(tmp_path / "o")] + argv)
-    assert not (tmp_path / "o").exists()

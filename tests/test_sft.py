@@ -108,7 +108,7 @@ def test_bad_data_and_bad_model(tmp_path):
     assert res.returncode != 0 and "bad.jsonl:2" in res.stderr
     res = sft("--model", str(tmp_path / "missing_model"), "--n_games", "4", "--out", str(tmp_path / "o2"))
     assert res.returncode != 0 and "could not load model" in res.stderr
-    assert os.path.exists(tmp_path / "o2" / "teacher_games.jsonl")  # games already played are kept
+    assert not os.path.exists(tmp_path / "o2")  # the model is loaded before a game is played or a file written
     res = sft("--teacher", "random", "--keep", "reward>=99", "--n_games", "2", "--out", str(tmp_path / "o3"))
     assert res.returncode != 0 and "no conversations left" in res.stderr
     res = sft("--n_games", "0", "--out", str(tmp_path / "o4"))

@@ -1,0 +1,207 @@
+"""Bad command lines, as a hostile user would type them, against the four scripts: each must stop with a clean
+message that names what to change (no traceback, no silent acceptance), before any work and without touching the
+output directory of an earlier run.
+
+The table is built from the scripts' own flags: every numeric flag gets -1, NaN and 0 (0 where it is invalid),
+then broken environments, bad --env_args for both environments, bad devices, unwritable outputs, bad models and
+the cross-flag rules. A full disk in the middle of a run is simulated by a write that fails with ENOSPC.
+"""
+import errno
+import importlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
+
+# the numeric flags of each script, and those where 0 is a valid value (it then means "off", "greedy" or "default")
+NUMERIC = {
+    "rl": ["--batch", "--group", "--temp", "--top_p", "--max_new_tokens", "--gen_batch", "--steps", "--eps_low",
+           "--eps_high", "--beta", "--ppo_epochs", "--minibatch", "--max_bad_steps", "--exploit", "--lr", "--warmup",
+           "--weight_decay", "--grad_clip", "--token_budget", "--eval_every", "--eval_n", "--save_every"],
+    "sft": ["--teacher_random_prob", "--teacher_temp", "--concurrency", "--max_new_tokens", "--n_games", "--vocab_size",
+            "--d_model", "--n_layers", "--n_heads", "--epochs", "--max_steps", "--batch", "--context_loss", "--max_len",
+            "--lr", "--warmup", "--weight_decay", "--grad_clip", "--token_budget", "--eval_every", "--eval_n", "--save_every"],
+    "eval": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n",
+             "--rollouts", "--show"],
+    "sample": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n"],
+}
+ZERO_IS_VALID = {"rl": {"--steps", "--eps_low", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
+                        "--weight_decay", "--eval_every", "--save_every"},
+                 "sft": {"--teacher_random_prob", "--teacher_temp", "--max_steps", "--context_loss", "--warmup",
+                         "--weight_decay", "--eval_every", "--save_every"},
+                 "eval": {"--temp", "--random_move_prob", "--show"}, "sample": {"--temp", "--random_move_prob"}}
+ENV_FILES = {  # env_NAME.py: its source, and the message
+    "syntax": ("def load_environment(:\n", "env_syntax.py failed to import: SyntaxError"),
+    "raises": ("raise RuntimeError('boom')\n", "env_raises.py failed to import: RuntimeError: boom"),
+    "imports": ("import not_a_package_here\n", "imports 'not_a_package_here', which is not installed"),
+    "nofn": ("X = 1\n", "env_nofn.py has no load_environment() function"),
+    "initfails": ("def load_environment(**kw):\n    raise ValueError('bad option')\n", "bad --env_args for initfails: bad option"),
+}
+ENV_ARGS = [  # (--env, --env_args, message)
+    ("tictactoe", "{bad json", "--env_args is not valid JSON"),
+    ("tictactoe", "[1, 2]", "--env_args must be a JSON object"),
+    ("tictactoe", '{"nope": 1}', "unexpected keyword argument 'nope'"),
+    ("tictactoe", '{"max_turns": true}', "max_turns=True: must be a positive integer"),
+    ("tictactoe", '{"max_turns": 0}', "max_turns=0: must be a positive integer"),
+    ("tictactoe", '{"min_random_move_prob": 2}', "min_random_move_prob=2: must be a probability in [0, 1]"),
+    ("tictactoe", '{"max_random_move_prob": NaN}', "max_random_move_prob=nan: must be a probability in [0, 1]"),
+    ("tictactoe", '{"show_cells": 1}', "show_cells=1: must be true or false"),
+    ("tictactoe", '{"invalid_penalty": -1}', "invalid_penalty=-1: must be a number >= 0"),
+    ("reverse", '{"min_words": true}', "min_words=True, max_words=12: need integers"),
+    ("reverse", '{"min_words": 0}', "min_words=0, max_words=12: need integers with 1 <= min_words"),
+    ("reverse", '{"max_words": "x"}', "max_words='x': need integers"),
+    ("reverse", '{"min_words": 5, "max_words": 2}', "min_words=5, max_words=2"),
+    ("reverse", '{"data_path": "/no/such/file.txt"}', "data_path='/no/such/file.txt' does not exist"),
+    ("reverse", '{"data_path": 5}', "data_path=5: must be the path of a .txt or .jsonl file"),
+]
+
+
+def cases():
+    """(script, argv, what its message must say: a string, or a tuple of strings)"""
+    for script, flags in NUMERIC.items():
+        for flag in flags:
+            for value in ["-1", "nan"] + ([] if flag in ZERO_IS_VALID[script] else ["0"]):
+                # a float flag: "--lr nan: must be ..."; an int flag: argparse's "argument --batch: invalid int value: 'nan'"
+                yield script, [f"{flag}={value}"], (f"{flag} {value}", "must be") if value != "nan" else (flag, "nan")
+    for script in NUMERIC:
+        yield script, ["--env", "nope"], "no environment 'nope': write env_nope.py"
+        for name, (_, message) in ENV_FILES.items():
+            yield script, ["--env", name], message
+        for env, env_args, message in ENV_ARGS:
+            yield script, ["--env", env, "--env_args", env_args], message
+        yield script, ["--device", "nonsense"], "--device nonsense: must be auto, cpu, cuda or cuda:N"
+        what = "a file" if script == "sample" else "a directory"
+        for out in ["{file}/sub", "/proc/no_such_dir/sub"]:
+            yield script, ["--out", out], f"must be {what} you can write"
+    yield "sample", ["--out", "{tmp}"], "must be a file you can write"
+    for script in ["rl", "sft", "eval", "sample"]:
+        yield script, ["--model", "{tmp}/no_such_model"], "could not load model"
+        yield script, ["--model", "{corrupt}"], "could not load model"
+        yield script, ["--model", "{file}"], "could not load model"
+    yield "eval", ["--model", "random", "--env", "reverse"], "unknown scripted player 'random' for reverse: use 'oracle'"
+    yield "sample", ["--model", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
+    yield "sft", ["--teacher", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
+    yield "sft", ["--keep", "reward>=abc"], "--keep reward>=abc: must be not_lost, won, all or reward>=X"
+    yield "sft", ["--keep", "best"], "--keep best: must be"
+    yield "sft", ["--d_model", "30", "--n_heads", "4"], "--d_model 30: must be a positive multiple of --n_heads 4"
+    yield "sft", ["--data", "{tmp}/no_such.jsonl"], "does not exist"
+    yield "rl", ["--batch", "6", "--group", "4"], "--batch 6 must be a multiple of --group 4"
+    yield "rl", ["--group", "1"], "--group 1: must be >= 2"
+    yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit() hook"
+    yield "eval", ["--certify", "--temp", "1"], "--certify proves the greedy policy: use --temp 0"
+    yield "eval", ["--certify", "--env", "reverse", "--model", "oracle"], "--certify needs the tictactoe environment"
+    yield "sample", ["--play", "--env", "reverse", "--model", "oracle"], "--play needs a game environment"
+
+
+CASES = list(cases())
+# the rest of a command line: small settings, so a bad value that slipped through would show up as a finished run
+BASE = {"rl": ["--model", "{model}", "--batch", "4", "--group", "2", "--steps", "1", "--eval_n", "1",
+               "--max_new_tokens", "8", "--device", "cpu", "--out", "{out}"],
+        "sft": ["--vocab_size", "300", "--d_model", "16", "--n_layers", "1", "--n_heads", "1", "--n_games", "8",
+                "--max_steps", "1", "--eval_n", "1", "--device", "cpu", "--out", "{out}"],
+        "eval": ["--model", "random", "-n", "2", "--out", "{out}"],
+        "sample": ["--model", "random", "-n", "1"]}
+
+
+@pytest.fixture(scope="module")
+def places(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    (tmp / "a_file").write_text("x")
+    shutil.copytree(tiny_model_dir, tmp / "corrupt")
+    (tmp / "corrupt" / "model.safetensors").write_bytes(b"not a safetensors file")
+    envs = tmp / "envs"
+    envs.mkdir()
+    for name, (source, _) in ENV_FILES.items():
+        (envs / f"env_{name}.py").write_text(source)
+    return {"tmp": str(tmp), "file": str(tmp / "a_file"), "corrupt": str(tmp / "corrupt"), "model": tiny_model_dir,
+            "envs": str(envs)}
+
+
+def filled(text, places):
+    """TEXT with each {name} of places replaced by its path (str.format would choke on the JSON in --env_args)."""
+    for name, path in places.items():
+        text = text.replace("{" + name + "}", path)
+    return text
+
+
+def run_script(script, argv, monkeypatch):
+    """Run SCRIPT's main() with argv as its command line, in this process."""
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    importlib.import_module(script).main()
+
+
+@pytest.mark.parametrize("script, argv, message", CASES, ids=[f"{s} {' '.join(a)}" for s, a, _ in CASES])
+def test_bad_command_line_stops_cleanly_before_touching_out(script, argv, message, places, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "earlier_run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    fill = {**places, "out": str(out)}
+    monkeypatch.syspath_prepend(places["envs"])
+    for name in ENV_FILES:
+        sys.modules.pop(f"env_{name}", None)
+    with pytest.raises(SystemExit) as e:
+        run_script(script, [filled(a, fill) for a in BASE[script] + argv], monkeypatch)
+    said = str(e.value.code) if e.value.code != 2 else capsys.readouterr().err  # 2: argparse's own refusal
+    assert e.value.code not in (0, None), said
+    for part in (message,) if isinstance(message, str) else message:
+        assert filled(part, fill) in said, said
+    assert sorted(os.listdir(out)) == ["metrics.jsonl"] and (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_good_values_pass(monkeypatch):
+    import rl
+    rl.parse_args(["--device", "cuda:1", "--eps_low", "0.2", "--temp", "1.1", "--steps", "0"])
+
+
+def test_full_disk_in_eval_keeps_finished_rows_and_says_what_to_do(monkeypatch, tmp_path):
+    """The disk fills up after 3 rows: eval.py stops with one line, the finished rows stay, --resume finishes."""
+    import eval as eval_mod
+    real_open, written = open, []
+
+    class FillingFile:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, text):
+            if len(written) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written.append(text)
+            return self.f.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def filling_open(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        return FillingFile(f) if str(path).endswith("rollouts.jsonl") and mode in ("w", "a") else f
+    monkeypatch.setattr(eval_mod, "open", filling_open, raising=False)
+    argv = ["--model", "random", "-n", "8", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit, match=r"No space left on device\. The finished rows in --out's rollouts.jsonl are kept"):
+        with common.disk_full_says_what_is_kept("The finished rows in --out's rollouts.jsonl are kept: free space, then "
+                                                "rerun with --resume."):
+            run_script("eval", argv, monkeypatch)
+    assert len((tmp_path / "o" / "rollouts.jsonl").read_text().splitlines()) == 3
+    monkeypatch.setattr(eval_mod, "open", real_open, raising=False)
+    run_script("eval", argv + ["--resume"], monkeypatch)
+    rows = (tmp_path / "o" / "rollouts.jsonl").read_text().splitlines()
+    assert len(rows) == 8 and rows[:3] == [w.rstrip("\n") for w in written]
+
+
+def test_other_os_errors_are_not_disguised_as_a_full_disk():
+    with pytest.raises(PermissionError):
+        with common.disk_full_says_what_is_kept("kept"):
+            raise PermissionError(errno.EACCES, "Permission denied")
