@@ -514,7 +514,7 @@ def server_reason(e):
         if isinstance(body, dict):
             body = body.get("message") or body.get("detail") or json.dumps(body)
     text = body if isinstance(body, str) and body else str(e)
-    return " ".join(text.split())[:400]
+    return " ".join(text.split())[:400].rstrip(".")
 
 
 class ScriptedPolicy:
