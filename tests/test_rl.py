@@ -1,4 +1,5 @@
 """rl.py: the loss against hand computations, chunked logprobs, and a CPU smoke run with exact resume."""
+import argparse
 import json
 import math
 import os
@@ -228,6 +229,7 @@ class _Saved:
 
     def __init__(self, name, step):
         self.name, self.step = name, step
+        self.generation_config = argparse.Namespace()  # save_checkpoint sets its sampling fields
 
     def save_pretrained(self, path, **kw):
         os.makedirs(path, exist_ok=True)
