@@ -56,22 +56,29 @@ class ChatTokens:
 
     Rendering [system, user, assistant=SENTINEL, user=X] + generation prompt, the text after SENTINEL is
     `<end-of-turn>` + (user turn X + generation prompt). The first token of that text is the end-of-turn
-    token the model must sample to stop; the rest, for a real message X, is what we append after it."""
+    token the model must sample to stop; the rest, for a real message X, is what we append after it.
+    An environment's message in the tool role (a tool's result) goes in the same way where the template renders a
+    tool role (ChatML and Qwen3, which puts it in a user turn as <tool_response>); where the template refuses or
+    drops it, it goes in as a user message with the same content."""
     SENTINEL = "\u2063S3NT1N3L\u2063"
 
     def __init__(self, tokenizer, system_prompt):
         self.tokenizer, self.system = tokenizer, system_prompt
-        probe = self.after_sentinel("X")
+        probe = self.after_sentinel({"role": "user", "content": "X"})
         ids = tokenizer(probe, add_special_tokens=False).input_ids
         self.eot_id = ids[0]
         self.stop_ids = sorted({self.eot_id} | set(_as_list(tokenizer.eos_token_id)))
+        try:
+            self.tool_role = "X7Q" in self.after_sentinel({"role": "tool", "content": "X7Q"})
+        except Exception:  # a template that raises on roles it does not know (Gemma 3's alternation check)
+            self.tool_role = False
 
     def render(self, messages, **kw):
         return self.tokenizer.apply_chat_template(messages, tokenize=False, **kw)
 
-    def after_sentinel(self, user_message):
+    def after_sentinel(self, message):
         msgs = [{"role": "system", "content": self.system}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": self.SENTINEL}, {"role": "user", "content": user_message}]
+                {"role": "assistant", "content": self.SENTINEL}, message]
         text = self.render(msgs, add_generation_prompt=True)
         if self.SENTINEL not in text:
             raise SystemExit("the chat template drops assistant messages; cannot build multi-turn trajectories")
@@ -81,12 +88,14 @@ class ChatTokens:
         """Token ids of the first turn: the template's own rendering + generation prompt."""
         return self.tokenizer(self.render(messages, add_generation_prompt=True), add_special_tokens=False).input_ids
 
-    def user_turn_ids(self, user_message):
-        """Tokens after the end-of-turn token up to the next generation prompt, for a new user message."""
-        ids = self.tokenizer(self.after_sentinel(user_message), add_special_tokens=False).input_ids
+    def turn_ids(self, message):
+        """Tokens after the end-of-turn token up to the next generation prompt, for the environment's next message
+        (a user message, or a tool result)."""
+        if message["role"] == "tool" and not self.tool_role:
+            message = {"role": "user", "content": message["content"]}
+        ids = self.tokenizer(self.after_sentinel(message), add_special_tokens=False).input_ids
         assert ids[0] == self.eot_id, "chat template: end-of-turn token is not where expected"
         return ids[1:]
-
 
     def encode_conversation(self, messages):
         """(ids, mask) of a finished conversation laid out exactly as a rollout lays it out: the first prompt,
@@ -95,7 +104,7 @@ class ChatTokens:
         mask = [0] * len(ids)
         for m in messages[2:]:
             new = (self.tokenizer(m["content"], add_special_tokens=False).input_ids + [self.eot_id]
-                   if m["role"] == "assistant" else self.user_turn_ids(m["content"]))
+                   if m["role"] == "assistant" else self.turn_ids(m))
             ids += new
             mask += [int(m["role"] == "assistant")] * len(new)
         return ids, mask
@@ -245,7 +254,7 @@ class HFPolicy:
                 ids = self.chat.prompt_ids(ep["messages"])
                 ep.update(ids=ids, mask=[0] * len(ids), logprobs=[0.0] * len(ids), kv_len=0)
             else:
-                new = self.chat.user_turn_ids(ep["messages"][-1]["content"])
+                new = self.chat.turn_ids(ep["messages"][-1])
                 ep["ids"] += new
                 ep["mask"] += [0] * len(new)
                 ep["logprobs"] += [0.0] * len(new)
@@ -470,6 +479,9 @@ class APIPolicy:
         return random.Random(f"{self.seed}/{ep['index']}/{ep['rollout']}/{turn}").randrange(2**31)
 
     def _one(self, messages, seed):
+        # a tool's result goes as a user message: an API's tool role needs the id of a structured tool call, and
+        # the tool calls here are text in the reply
+        sent = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
         sampling = {"temperature": self.temp, "max_tokens": self.max_new_tokens}
         if self.top_p < 1.0:  # not sent at 1.0: some servers refuse top_p for some models
             sampling["top_p"] = self.top_p
@@ -477,12 +489,10 @@ class APIPolicy:
             sampling["seed"] = seed
         for attempt in range(self.retries + 1):
             try:
-                resp = self.client.chat.completions.create(model=self.model, messages=messages, **sampling)
+                resp = self.client.chat.completions.create(model=self.model, messages=sent, **sampling)
                 with self.lock:
                     self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
-                message = resp.choices[0].message
-                reasoning = next((r for r in (getattr(message, f, None) for f in self.REASONING_FIELDS) if r), None)
-                return (f"<think>{reasoning}</think>" if reasoning else "") + (message.content or "")
+                return self._as_written(resp.choices[0].message)
             except (self.openai.APITimeoutError, self.openai.APIConnectionError, self.openai.APIStatusError) as e:
                 status = getattr(e, "status_code", None)
                 if status is not None and status not in self.RETRYABLE_STATUS:
@@ -493,6 +503,14 @@ class APIPolicy:
                                    f"({type(e).__name__}: {server_reason(e)}). Is the server up? Retry later; "
                                    "finished rollouts are kept (eval.py --resume continues).") from e
                 time.sleep(min(self.backoff * 2 ** attempt, 30.0) * (0.5 + random.random()))
+
+    def _as_written(self, message):
+        """The reply as the model wrote it: a server's reasoning parser moves <think> to its own field, and a
+        tool-call parser moves <tool_call> blocks to tool_calls (rebuilt in the Hermes/Qwen3 format)."""
+        reasoning = next((r for r in (getattr(message, f, None) for f in self.REASONING_FIELDS) if r), None)
+        calls = "".join(f'<tool_call>{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments}}}</tool_call>'
+                        for c in (getattr(message, "tool_calls", None) or []))
+        return (f"<think>{reasoning}</think>" if reasoning else "") + (message.content or "") + calls
 
     def _what_to_change(self, reason, status):
         reason = reason.lower()
@@ -517,6 +535,14 @@ def server_reason(e):
     return " ".join(text.split())[:400].rstrip(".")
 
 
+def has_scripted_player(env, name):
+    try:
+        env.scripted_player(name)
+        return True
+    except (ValueError, AttributeError):
+        return False
+
+
 class ScriptedPolicy:
     def __init__(self, env, name, random_move_prob=0.0):
         try:
@@ -532,7 +558,7 @@ class ScriptedPolicy:
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                 api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True):
     """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
-    if model in ("random", "minimax", "oracle"):
+    if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
         return ScriptedPolicy(env, model, random_move_prob)
     if api_base:
         return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
@@ -550,11 +576,12 @@ def new_episode(env, example, index=0, rollout=0):
 
 
 def advance(env, ep, reply):
-    """Give one reply to the environment; True when the episode is over."""
+    """Give one reply to the environment; True when the episode is over. The environment answers with a user
+    message (a string), a message dict in the tool role (a tool's result), or None."""
     ep["messages"].append({"role": "assistant", "content": reply})
     msg = env.step(ep["state"], reply)
     if msg is not None:
-        ep["messages"].append({"role": "user", "content": msg})
+        ep["messages"].append(msg if isinstance(msg, dict) else {"role": "user", "content": msg})
     return msg is None
 
 
@@ -607,7 +634,7 @@ def show(rec, env=None):
     lines = [f"=== example {rec['index']} rollout {rec['rollout']} | " + " | ".join(f"{k} {v:.2f}" for k, v in rec["rewards"].items())
              + f" | total {rec['reward']:.3f}"]
     for m in rec["messages"][1:]:
-        tag = "model" if m["role"] == "assistant" else "env"
+        tag = {"assistant": "model", "tool": "tool"}.get(m["role"], "env")
         lines.append(f"[{tag}] " + m["content"].replace("\n", "\n        "))
     if rec.get("metrics"):
         lines.append("metrics: " + ", ".join(f"{k}={v:g}" for k, v in rec["metrics"].items()))

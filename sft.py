@@ -34,7 +34,7 @@ from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, che
                     load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device,
                     positive, rng_state, samples_when_served, save_checkpoint,
                     start_or_resume, token_logprobs, token_microbatches, train_autocast)
-from sample import ChatTokens, HFPolicy, ScriptedPolicy, make_policy, rollout
+from sample import ChatTokens, HFPolicy, ScriptedPolicy, has_scripted_player, make_policy, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -113,7 +113,7 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     texts = [env.system_prompt]
-    players = [n for n in ("random", "minimax", "oracle") if _has_player(env, n)]
+    players = [n for n in ("random", "minimax", "oracle") if has_scripted_player(env, n)]
     for i, name in enumerate(players):
         policy = ScriptedPolicy(env, name, 0.3)
         for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
@@ -143,14 +143,6 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
     n = sum(p.numel() for p in model.parameters())
     print(f"scratch model: {n / 1e6:.2f}M parameters, vocab {len(tokenizer)}, saved to {out}")
     return out
-
-
-def _has_player(env, name):
-    try:
-        env.scripted_player(name)
-        return True
-    except (ValueError, AttributeError):
-        return False
 
 
 # ----------------------------------------------------------------------------- the SFT loss

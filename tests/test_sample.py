@@ -51,7 +51,7 @@ def mask_runs(mask, value=1):
 
 def check_layout(rec, chat, tok, max_new_tokens):
     """Rebuild the trajectory from the messages and the sampled segments and compare token for token:
-    ids = prompt + for each turn (sampled reply [+ eot, mask 0, when cut off] + the next user turn's tokens)."""
+    ids = prompt + for each turn (sampled reply [+ eot, mask 0, when cut off] + the next user or tool turn's tokens)."""
     ids, mask, lps = rec["ids"], rec["mask"], rec["logprobs"]
     assert len(ids) == len(mask) == len(lps)
     assert set(mask) <= {0, 1}
@@ -78,8 +78,8 @@ def check_layout(rec, chat, tok, max_new_tokens):
             cut += 1
         assert tok.decode(reply_toks, skip_special_tokens=True) == msgs[mi]["content"], "reply text = decoded segment"
         if mi + 1 < len(msgs):
-            assert msgs[mi + 1]["role"] == "user"
-            expected += chat.user_turn_ids(msgs[mi + 1]["content"])
+            assert msgs[mi + 1]["role"] in ("user", "tool")
+            expected += chat.turn_ids(msgs[mi + 1])
     assert ids == expected, "trajectory differs from prompt + segments + user turns"
     assert rec["truncated"] == cut
     assert all(lp == 0.0 for lp, m in zip(lps, mask) if m == 0), "logprobs are 0 off the sampled tokens"
@@ -202,7 +202,7 @@ def test_encode_conversation_keeps_think_that_template_drops(qwen3_model, ttt_en
     _, tok = qwen3_model
     chat = ChatTokens(tok, ttt_env.system_prompt)
     assert chat.eot_id == tok.convert_tokens_to_ids("<|im_end|>")
-    assert tok.decode(chat.user_turn_ids("hello")) == "\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(chat.turn_ids({"role": "user", "content": "hello"})) == "\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     messages, turns = _think_game(ttt_env, seed=1)
     assert turns >= 3
     ids, mask = chat.encode_conversation(messages)
@@ -259,7 +259,7 @@ def test_hf_rollout_with_think_replies_keeps_trajectory(qwen3_model, ttt_env, mo
 
 def test_hf_rollout_qwen3_template_sampled(qwen3_model, short_env):
     """Unforced sampling with the Qwen3-style template: decoded segments are the replies, in order, and the
-    tokens between turns are exactly ChatTokens.user_turn_ids(next user message)."""
+    tokens between turns are exactly ChatTokens.turn_ids(next user message)."""
     model, tok = qwen3_model
     torch.manual_seed(1)
     policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=16)
