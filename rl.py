@@ -55,8 +55,9 @@ import torch
 
 from eval import evaluate_standard
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
-                    finish_save, load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state,
-                    save_checkpoint, start_or_resume, token_logprobs, token_microbatches, train_autocast)
+                    finish_save, load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args,
+                    pick_device, positive, rng_state, save_checkpoint, start_or_resume, token_logprobs, token_microbatches,
+                    train_autocast)
 from sample import POLICY_FLAG_RULES, HFPolicy, rollout, show
 
 # ----------------------------------------------------------------------------- 1. rollouts

@@ -496,8 +496,9 @@ class APIPolicy:
             except (self.openai.APITimeoutError, self.openai.APIConnectionError, self.openai.APIStatusError) as e:
                 status = getattr(e, "status_code", None)
                 if status is not None and status not in self.RETRYABLE_STATUS:
+                    reason = server_reason(e)
                     raise APIError(f"API error {status} from {self.api_base} for model {self.model!r}: "
-                                   f"{server_reason(e)}. {self._what_to_change(server_reason(e), status)}") from e
+                                   f"{reason}. {self._what_to_change(reason, status)}") from e
                 if attempt == self.retries:
                     raise APIError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
                                    f"({type(e).__name__}: {server_reason(e)}). Is the server up? Retry later; "

@@ -32,8 +32,8 @@ import torch
 
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
                     load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device,
-                    positive, rng_state, samples_when_served, save_checkpoint,
-                    start_or_resume, token_logprobs, token_microbatches, train_autocast)
+                    positive, rng_state, samples_when_served, save_checkpoint, start_or_resume, token_logprobs,
+                    token_microbatches, train_autocast)
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, has_scripted_player, make_policy, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"

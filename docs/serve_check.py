@@ -55,24 +55,34 @@ def as_qwen2(model, out):
 
 @contextlib.contextmanager
 def served(model_dir, log_path):
+    """`transformers serve` pinned to model_dir on a free port of 127.0.0.1, offline, with an empty hub cache beside
+    log_path; yields the base URL once /health answers (RuntimeError with the log's end if it never does)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "HF_HOME": os.path.join(os.path.dirname(log_path), "hf_home"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve",
-                             "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir],
-                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env)
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.25)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait()
+    env = {**os.environ, "HF_HOME": os.path.join(os.path.dirname(log_path), "hf_home"), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve",
+                                 "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            up = False
+            for _ in range(240):  # 60 s, unless the server dies first
+                if proc.poll() is not None:
+                    break
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                    up = True
+                    break
+                except OSError:
+                    time.sleep(0.25)
+            if not up:
+                raise RuntimeError(f"transformers serve did not come up: {open(log_path).read()[-2000:]}")
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 def non_canonical_turns(rec, tok):

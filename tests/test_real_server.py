@@ -12,11 +12,7 @@ a wrong model name shows the server's own reason. Skipped when `transformers[ser
 """
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,6 +26,9 @@ import common  # noqa: E402
 import eval as eval_mod  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE  # noqa: E402
 from sample import HFPolicy  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "docs"))
+from serve_check import served  # noqa: E402
 
 pytest.importorskip("fastapi", reason="transformers[serving] is not installed (requirements-test.txt installs it)")
 pytest.importorskip("uvicorn", reason="transformers[serving] is not installed (requirements-test.txt installs it)")
@@ -63,41 +62,14 @@ def bigram_machine(tiny_model_dir, out):
     return str(out)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    """`transformers serve` pinned to the bigram machine, offline, with an empty hub cache; yields (base URL, model
-    name, model directory)."""
+    """`transformers serve` pinned to the bigram machine (docs/serve_check.served: offline, an empty hub cache);
+    yields (base URL, model name, model directory)."""
     tmp = tmp_path_factory.mktemp("served")
     model_dir = bigram_machine(tiny_model_dir, tmp / "bigram")
-    port = free_port()
-    env = {**os.environ, "HF_HOME": str(tmp / "hf_home"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve",
-                             "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", model_dir],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited: {(tmp / 'server.log').read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.25)
-        else:
-            pytest.fail("transformers serve did not come up in 60 s")
-        yield base + "/v1", model_dir, model_dir
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+    with served(model_dir, str(tmp / "server.log")) as base:
+        yield base, model_dir, model_dir
 
 
 def run_eval(monkeypatch, argv):
