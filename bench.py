@@ -194,7 +194,7 @@ def bench_shape(shape, args, device):
         t0 = time.time()
         model.eval()
         examples = env.examples(args.examples, seed=step)
-        records = rl.sample_rollouts(env, examples, policy, args.group)
+        records = rl.sample_rollouts(env, examples, policy, args.group, step * args.examples)
         sync()
         t1 = time.time()
         adv = rl.group_advantages([r["reward"] for r in records], args.group)

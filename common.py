@@ -214,7 +214,10 @@ def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_
     p.add_argument("--eval_n", type=int, default=eval_n, help="games per evaluation setting (opponent)")
     p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (under torchrun: each rank takes the GPU of its LOCAL_RANK)")
+    p.add_argument("--dist_timeout", type=float, default=1800, help="under torchrun: seconds a rank waits for the others "
+                   "(at a gradient all-reduce, or while rank 0 evaluates, saves or plays teacher games) before it stops "
+                   "with an error instead of hanging")
     return p
 
 
@@ -273,6 +276,7 @@ TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must 
     "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and d.split(":")[-1].isdigit() or d == "cuda"),
                "auto, cpu, cuda or cuda:N"),
     "out": (can_write, "a directory you can write"),
+    "dist_timeout": (positive, "a finite number of seconds > 0"),
 }
 
 
@@ -294,24 +298,29 @@ def lr_at(step, lr, warmup, total, schedule):
     return lr
 
 
-def checkpoint_to_resume(args):
+def checkpoint_to_resume(args, rank=0):
     """True when --resume finds a checkpoint in DIR (and says so when it does not). A save that a crash interrupted
-    is finished first (finish_save), so the newest complete checkpoint is the one resumed."""
-    if args.resume:
+    is finished first (finish_save, by rank 0 under torchrun, the others waiting), so the newest complete checkpoint
+    is the one resumed, whatever number of ranks wrote it."""
+    if args.resume and rank == 0:
         finish_save(args.out)
+    if args.resume:
+        wait_for_rank0(f"check of the checkpoint in {args.out}")
     found = args.resume and os.path.exists(os.path.join(args.out, "trainer_state.pt"))
     if args.resume and not found:
         print(f"--resume: no checkpoint in {args.out} yet, starting fresh")
     return found
 
 
-def start_or_resume(args, opt, resume):
+def start_or_resume(args, opt, resume, rank=0):
     """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint
     and drop log lines written after it (they are redone). Returns the trainer state: its "step" is the step to
-    start from (0 for a fresh run), the rest what the script saved with it."""
+    start from (0 for a fresh run), the rest what the script saved with it. Under torchrun every rank loads the
+    same state (the ranks' optimizers are identical, so one copy serves any number of ranks); rank 0 alone
+    touches the log."""
     state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
     if not resume:
-        if os.path.exists(metrics_path):
+        if os.path.exists(metrics_path) and rank == 0:
             os.remove(metrics_path)
         return {"step": 0}
     try:  # a checkpoint is data: loading it never runs code that someone pickled into it
@@ -322,7 +331,7 @@ def start_or_resume(args, opt, resume):
                          f"without --resume.\n  ({str(e).splitlines()[0][:200]})")
     opt.load_state_dict(ts["optimizer"])
     set_rng_state(ts["rng"])
-    if os.path.exists(metrics_path):  # keep the lines up to the checkpoint (a line cut short by a crash is dropped)
+    if os.path.exists(metrics_path) and rank == 0:  # keep the lines up to the checkpoint (a line cut short by a crash is dropped)
         rows = [line for line in open(metrics_path) if _step_of(line) is not None and _step_of(line) <= ts["step"]]
         with open(metrics_path + ".part", "w") as f:
             f.writelines(rows)
@@ -404,6 +413,121 @@ def set_rng_state(s):
     torch.set_rng_state(s["torch"])
     if s.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
+
+
+# ----------------------------------------------------------------------------- several processes (torchrun)
+# Data parallelism on torch.distributed: torchrun starts one process per GPU (RANK, WORLD_SIZE, LOCAL_RANK in the
+# environment); every rank holds the whole model and optimizer, works on its share of each step's batch, and the
+# gradients are summed over the ranks before an identical optimizer step everywhere. Launched without torchrun
+# there is no process group, and every function below costs nothing and does nothing.
+
+
+def start_ranks(device, timeout_s):
+    """(rank, world size, device) of this process. Under torchrun: join the process group (NCCL on GPUs, gloo on
+    CPU) and take the GPU of LOCAL_RANK; alone: (0, 1, device)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1, device
+    import datetime
+    import torch.distributed as dist
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    if device.startswith("cuda"):
+        if ":" in device:
+            raise SystemExit(f"--device {device}: under torchrun each rank takes the GPU of its LOCAL_RANK; use --device auto or cuda")
+        if local >= torch.cuda.device_count():
+            raise SystemExit(f"rank {rank} (LOCAL_RANK {local}) has no GPU: this node has {torch.cuda.device_count()}; "
+                             "start at most that many processes per node (torchrun --nproc_per_node)")
+        device = f"cuda:{local}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world, device
+
+
+def stop_ranks():
+    if _distributed():
+        torch.distributed.destroy_process_group()
+
+
+def _distributed():
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@contextlib.contextmanager
+def _together(what):
+    """A collective call: a rank that died or fell more than --dist_timeout behind ends it with one clear line."""
+    try:
+        yield
+    except (RuntimeError, torch.distributed.DistError) as e:
+        raise SystemExit(f"rank {torch.distributed.get_rank()}: another rank stopped, or did not reach the {what} within "
+                         f"--dist_timeout: stopping too (the first error above, from the rank that failed, says why; raise "
+                         f"--dist_timeout if rank 0 was only busy evaluating or saving).\n  ({str(e).splitlines()[0][:300]})") from None
+
+
+def _comm_device():
+    return f"cuda:{torch.cuda.current_device()}" if torch.distributed.get_backend() == "nccl" else "cpu"
+
+
+def sum_over_ranks(values):
+    """[sum over the ranks of each number in `values`] (the values themselves when alone)."""
+    if not _distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    with _together("sum of step statistics"):
+        torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+def sum_gradients(model):
+    """Sum every parameter's gradient over the ranks, in place. Each rank's loss was already divided by the whole
+    batch's normaliser, so the sum is the gradient of the whole batch, the one a single process computes. (An
+    explicit all-reduce rather than DistributedDataParallel: the model is also the rollouts' sampler, which must
+    see it unwrapped, and an RL step spends its time in the rollouts, not here.)"""
+    if not _distributed():
+        return
+    with _together("gradient all-reduce"):
+        for p in model.parameters():
+            if p.requires_grad:
+                if p.grad is None:  # a rank with no trained episode this step: it adds zeros
+                    p.grad = torch.zeros_like(p)
+                torch.distributed.all_reduce(p.grad)
+
+
+def gather_from_ranks(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every rank ([obj] alone): small Python objects only."""
+    if not _distributed():
+        return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    with _together("gathering of the step's results"):
+        torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def from_rank0(obj):
+    """Rank 0's obj, on every rank (obj itself alone)."""
+    if not _distributed():
+        return obj
+    box = [obj]
+    with _together("message from rank 0"):
+        torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def check_ranks_agree(model):
+    """Stop, on every rank, if the ranks' weights are not all the same (which summed gradients and identical optimizer
+    steps guarantee, so a difference means a bug or a non-deterministic kernel; a checkpoint would hold rank 0's)."""
+    if not _distributed():
+        return
+    fingerprint = [sum(float(p.detach().double().abs().sum()) for p in model.parameters()),
+                   sum(float(p.detach().double().sum()) for p in model.parameters())]
+    prints = gather_from_ranks(fingerprint)
+    if any(f != prints[0] for f in prints):
+        raise SystemExit(f"the ranks' weights differ (fingerprints {prints}): a rank's update was not the others'")
+
+
+def wait_for_rank0(what):
+    """Every rank waits here until rank 0 has done `what` (e.g. written the files the others read next)."""
+    if _distributed():
+        with _together(what):
+            torch.distributed.barrier()
 
 
 # ----------------------------------------------------------------------------- log lines

@@ -320,13 +320,15 @@ class TicTacToe:
                 "cut_off": float(state["cut_off"]), "n_turns": state["turns"], "n_invalid_moves": state["invalid_moves"]}
 
     def scripted_player(self, name, random_move_prob=0.0):
-        """A reply function state -> str: 'random' or 'minimax' (playing randomly with random_move_prob).
-        Its random moves are seeded by (example seed, board), like the opponent's, so a baseline is reproducible;
+        """A reply function state -> str: 'random' or 'minimax' (playing randomly with random_move_prob), or
+        'rules', a player that knows only the rules and the format: a random free cell, its <think> listing the
+        free cells and nothing strategic (a warm-up teacher that shows no strategy: docs/RANDOM_TEACHER.md).
+        Random moves are seeded by (example seed, board), like the opponent's, so a baseline is reproducible;
         minimax's other moves depend on the board only: of `safe_moves`, the best `chance_vs_random`, then the
         first in PREFERENCE."""
-        if name not in ("random", "minimax"):
-            raise ValueError(f"unknown scripted player {name!r}: use 'random' or 'minimax'")
-        p = 1.0 if name == "random" else random_move_prob
+        if name not in ("random", "minimax", "rules"):
+            raise ValueError(f"unknown scripted player {name!r}: use 'random', 'minimax' or 'rules'")
+        p = random_move_prob if name == "minimax" else 1.0
 
         def reply(state):
             board = state["board"]
@@ -335,6 +337,8 @@ class TicTacToe:
                 cell = rng.choice(free_cells(board))
             else:
                 cell = player_move(board)
+            if name == "rules":
+                return f"<think>Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.</think><move>{cell}</move>"
             return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
         return reply
 

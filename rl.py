@@ -7,11 +7,18 @@ RL with verifiable rewards: a readable GRPO/CISPO loop for one GPU.
     python rl.py --batch 256 --temp 1.1                   # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
     python rl.py --env reverse --batch 64 --group 8 --max_new_tokens 32 --model out/sft_reverse
     python rl.py --model out/sft --batch 16 --group 4 --steps 2 --eval_every 0 --out /tmp/rl   # CPU smoke run
+    torchrun --standalone --nproc_per_node 8 rl.py --batch 256 --temp 1.1   # data parallel: 8 GPUs, the same global batch
+
+Under torchrun (one process per GPU) every rank rolls out its share of each step's examples, whole groups, and
+the gradients are summed over the ranks, so N ranks take the update one process takes from the same --batch;
+rank 0 alone logs, evaluates, certifies and saves (common.py, "several processes").
 
 One step, in the order of this file:
   1. rollouts: take E = batch/group consecutive examples (the environment stratifies difficulty over consecutive
      examples, so every batch is balanced) and roll each out `group` times at --temp; rollouts of one example
      share its seed, so the opponent answers the same position the same way and rewards differ only by policy;
+     an episode's sampling draws are keyed by (--seed, its number in the run, its rollout, turn), not by the
+     batch it is sampled in, so the rollouts are the same whatever --gen_batch or the number of ranks;
   2. group advantages: A = R - mean(R of its group)  (--scale_rewards group: / std of the group, as in GRPO);
   3. the loss on the sampled tokens only (the trajectory `mask`), recomputed from the exact token ids of the
      rollouts (the batch's common prefix, the system prompt, runs once: common.decoder_hidden), logits divided
@@ -49,16 +56,18 @@ import json
 import math
 import os
 import random
+import sys
 import time
 
 import torch
 
 from eval import evaluate_standard
-from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
-                    finish_save, load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args,
-                    pick_device, positive, rng_state, save_checkpoint, start_or_resume, token_logprobs, token_microbatches,
+from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, check_ranks_agree, checkpoint_to_resume,
+                    disk_full_says_what_is_kept, finish_save, from_rank0, gather_from_ranks, load_env, load_model, log_eval,
+                    log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state, save_checkpoint,
+                    start_or_resume, start_ranks, stop_ranks, sum_gradients, sum_over_ranks, token_logprobs, token_microbatches,
                     train_autocast)
-from sample import POLICY_FLAG_RULES, HFPolicy, rollout, show
+from sample import POLICY_FLAG_RULES, HFPolicy, NonFiniteLogits, rollout, show
 
 # ----------------------------------------------------------------------------- 1. rollouts
 
@@ -74,18 +83,17 @@ def step_examples(env, n_examples, seed, step, replays=None):
     return examples
 
 
-def sample_rollouts(env, examples, policy, group):
-    """`group` rollouts of every example (sample.rollout: records ordered example by example)."""
+def sample_rollouts(env, examples, policy, group, first_index):
+    """`group` rollouts of every example (sample.rollout: records ordered example by example). The examples are
+    numbered from first_index, a number no other example of the run has: an episode's random draws are keyed by
+    (seed, its number, its rollout, turn)."""
     try:
-        return rollout(env, examples, policy, group=group, progress=False)
+        return rollout(env, examples, policy, group=group, start_index=first_index, progress=False)
     except torch.OutOfMemoryError as e:  # the rollout batches' KV caches grow with every turn: say what to turn down
         raise SystemExit(f"out of GPU memory in the rollouts: lower --gen_batch (episodes per rollout batch, now "
                          f"{policy.batch_size}) or --max_new_tokens ({policy.max_new_tokens}).\n  ({str(e)[:200]})") from e
-    except RuntimeError as e:
-        if "probability tensor contains" in str(e):  # torch.multinomial on logits that are NaN or inf
-            raise SystemExit("the model's logits are not finite (NaN or inf weights), so no reply can be sampled: resume "
-                             "from the last checkpoint (--resume) with a lower --lr") from e
-        raise
+    except NonFiniteLogits as e:
+        raise SystemExit(f"{e}: resume from the last checkpoint (--resume) with a lower --lr") from e
 
 
 # ----------------------------------------------------------------------------- 2. group advantages
@@ -135,32 +143,35 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
     return (per_token * weight).sum(), clipped
 
 
-def loss_weights(n_tokens, loss_agg):
+def loss_weights(n_tokens, loss_agg, batch_tokens, batch_episodes):
     """The weight of each loss token, per episode, from the episodes' loss-token counts: token-level averaging
     (DAPO, CISPO) gives every token of the batch 1 / (loss tokens in the batch); per-sequence averaging (GRPO)
-    gives 1 / (tokens of its episode * episodes in the batch). Every episode of the batch counts, also one whose
-    advantage is 0 and which the update therefore skips. Several optimizer steps per batch (--minibatch) keep
-    these whole-batch weights."""
+    gives 1 / (tokens of its episode * episodes in the batch). The batch is the whole step's (`batch_tokens`,
+    `batch_episodes`: summed over the ranks under torchrun, so N ranks compute one process's update). Every
+    episode of the batch counts, also one whose advantage is 0 and which the update therefore skips. Several
+    optimizer steps per batch (--minibatch) keep these whole-batch weights."""
     if loss_agg == "token":
-        return [1.0 / max(sum(n_tokens), 1)] * len(n_tokens)
-    return [1.0 / (max(t, 1) * len(n_tokens)) for t in n_tokens]
+        return [1.0 / max(batch_tokens, 1)] * len(n_tokens)
+    return [1.0 / (max(t, 1) * batch_episodes) for t in n_tokens]
 
 
 # ----------------------------------------------------------------------------- 4. the update
 
 
-def update(model, records, adv, args, opt, amp, ref_model=None):
+def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=None):
     """The optimizer step(s) of one batch. records: rollouts with ids/mask/logprobs; adv: (len(records),) advantages.
+    Under torchrun, `records` are episodes first .. first + len(records) - 1 of the step's `batch`; each optimizer
+    step sums the ranks' gradients (common.sum_gradients) and every rank takes the same step.
 
     The batch is split into --minibatch episodes per optimizer step (all of it by default), each taken --ppo_epochs
     times; with more than one step the importance ratio is against the logprobs from before the first one. Every
     optimizer step accumulates micro-batches of at most --token_budget padded tokens (same gradient)."""
-    n_episodes = len(records)
+    n_episodes, batch = len(records), batch or len(records)
     n_tokens = [sum(r["mask"][1:]) for r in records]  # loss tokens: position t predicts token t + 1
-    weights = loss_weights(n_tokens, args.loss_agg)
+    weights = loss_weights(n_tokens, args.loss_agg, sum_over_ranks([sum(n_tokens)])[0], batch)
     trained = [i for i in range(n_episodes) if n_tokens[i] and (adv[i] != 0 or args.beta > 0)]  # the rest has no gradient
-    per_step = args.minibatch or n_episodes
-    minibatches = [[i for i in trained if lo <= i < lo + per_step] for lo in range(0, n_episodes, per_step)]
+    per_step = args.minibatch or batch
+    minibatches = [[i for i in trained if lo <= first + i < lo + per_step] for lo in range(0, batch, per_step)]
     several_steps = args.ppo_epochs > 1 or len(minibatches) > 1
     device = model.device
 
@@ -185,6 +196,8 @@ def update(model, records, adv, args, opt, amp, ref_model=None):
     counted = 0
     for epoch in range(args.ppo_epochs):
         for minibatch in minibatches:
+            if not sum_over_ranks([len(minibatch)])[0]:  # no episode with a gradient in any rank's share: no step
+                continue
             total_loss = 0.0
             for micro, ids, mask, adv_tok, weight_tok in micro_batches(minibatch):
                 with amp:
@@ -201,6 +214,8 @@ def update(model, records, adv, args, opt, amp, ref_model=None):
                 stats["clip_frac"] += clipped.float().sum().item()
                 stats["train_tokens"] += int(mask.numel())
                 counted += len(logp)
+            sum_gradients(model)
+            total_loss = sum_over_ranks([total_loss])[0]
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             if not (math.isfinite(total_loss) and torch.isfinite(grad_norm)):
                 print(f"warning: non-finite loss {total_loss} or grad norm {grad_norm.item()}: update skipped")
@@ -210,6 +225,9 @@ def update(model, records, adv, args, opt, amp, ref_model=None):
             opt.step()
             opt.zero_grad(set_to_none=True)
             stats["grad_norm"] = grad_norm.item()
+    keys = ("entropy", "clip_frac", "logp_mismatch", "train_tokens")
+    *sums, counted = sum_over_ranks([stats[k] for k in keys] + [counted])
+    stats.update(zip(keys, sums))
     stats["entropy"] /= max(counted, 1)
     stats["clip_frac"] /= max(counted, 1)
     stats["logp_mismatch"] /= max(counted // args.ppo_epochs, 1)
@@ -326,22 +344,34 @@ def parse_args(argv=None):
     return args
 
 
+def my_share(n_examples, group, rank, world):
+    """(first, end): the step's examples this rank rolls out, whole groups, the same number on every rank."""
+    if n_examples % world:
+        raise SystemExit(f"--batch {n_examples * group} is {n_examples} examples x --group {group}: that cannot be split "
+                         f"evenly over {world} ranks in whole groups; make --batch a multiple of {world} x {group} = {world * group}")
+    per_rank = n_examples // world
+    return rank * per_rank, (rank + 1) * per_rank
+
+
 def main():
     args = parse_args()
 
-    # ---- setup
+    # ---- setup; under torchrun, rank 0 alone prints and writes files (the others' errors still reach stderr)
     t_start = time.time()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device = pick_device(args.device)
+    rank, world, device = start_ranks(pick_device(args.device), args.dist_timeout)
+    if rank:
+        sys.stdout = open(os.devnull, "w")
     os.makedirs(args.out, exist_ok=True)
-    metrics_path = os.path.join(args.out, "metrics.jsonl")
-    resume = checkpoint_to_resume(args)
+    metrics_path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
+    resume = checkpoint_to_resume(args, rank)
 
     # ---- environment: an environment that stratifies difficulty over consecutive examples (tic-tac-toe's
     # num_groups) gets one bucket per example of a step, so every batch is balanced
     env_args = parse_env_args(args.env_args)
     n_examples = args.batch // args.group
+    first, end = my_share(n_examples, args.group, rank, world)  # under torchrun: this rank's examples of each step
     env = load_env(args.env, env_args, defaults={"num_groups": n_examples})
     if args.exploit and not hasattr(env, "exploit"):
         raise SystemExit(f"--exploit needs an environment with an exploit() hook (tictactoe), not {args.env!r}")
@@ -351,13 +381,13 @@ def main():
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
     if args.grad_ckpt:
         model.gradient_checkpointing_enable()
-    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch)
+    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch, seed=args.seed)
     greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
     amp = train_autocast(device)
 
     # ---- optimizer (fp32 weights and state, load_model(train=True); bf16 autocast for the forward on a GPU)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
-    trainer_state = start_or_resume(args, opt, resume)
+    trainer_state = start_or_resume(args, opt, resume, rank)
     step, bad_steps = trainer_state["step"], 0
     replays, best = trainer_state.get("exploit_lines"), trainer_state.get("exploit_best")  # --exploit's state
     del trainer_state  # its optimizer state is in opt now: do not hold a second copy for the whole run
@@ -376,26 +406,31 @@ def main():
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
     best_dir = args.out.rstrip("/") + "_best"  # --exploit: the weights of the best certificate
-    if resume:
+    if resume and rank == 0:
         finish_save(best_dir)  # a save of the best weights that a crash interrupted
 
     def exploit(step):
         """--exploit: the environment certifies the greedy policy (env.exploit); log the certificate, keep the weights
-        of the best one so far in DIR_best (a tie goes to the later, more trained weights), return the replays."""
+        of the best one so far in DIR_best (a tie goes to the later, more trained weights), return the replays.
+        Under torchrun rank 0 certifies, and every rank gets its replays."""
         nonlocal best
-        t0 = time.time()
-        summary, rank, found = env.exploit(greedy)
-        rank = list(rank)  # the trainer state keeps it as a list
-        log_line(step, {**{f"certify_{k}": v for k, v in summary.items()}, "certify_s": time.time() - t0}, metrics_path)
-        if best is None or rank <= best["key"]:
-            best = {"key": rank, "step": step}
-            save_checkpoint(model, tokenizer, best_dir, {"step": step}, {"certificate.json": {"step": step, **summary}})
-        print(f"exploit: the certificate at step {step} ranks {rank}, {len(found)} mistakes to replay; "
-              f"the best so far: step {best['step']}, in {best_dir}")
+        found = None
+        if rank == 0:
+            t0 = time.time()
+            summary, key, found = env.exploit(greedy)
+            key = list(key)  # the trainer state keeps it as a list
+            log_line(step, {**{f"certify_{k}": v for k, v in summary.items()}, "certify_s": time.time() - t0}, metrics_path)
+            if best is None or key <= best["key"]:
+                best = {"key": key, "step": step}
+                save_checkpoint(model, tokenizer, best_dir, {"step": step}, {"certificate.json": {"step": step, **summary}})
+            print(f"exploit: the certificate at step {step} ranks {key}, {len(found)} mistakes to replay; "
+                  f"the best so far: step {best['step']}, in {best_dir}")
+        found, best = from_rank0((found, best))
         return found
 
     if resume and step >= args.steps:  # its final evaluation and save are done: running them again would repeat rows
         print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps {args.steps}): nothing to do")
+        stop_ranks()
         return
 
     # ---- loop
@@ -404,13 +439,13 @@ def main():
         if args.exploit and (step % args.exploit == 0 or replays is None):
             replays = exploit(step)
         t0 = time.time()
-        # 1. rollouts: `group` episodes of each of the step's examples
-        examples = step_examples(env, n_examples, args.seed, step, replays)
+        # 1. rollouts: `group` episodes of each of the step's examples (under torchrun: of this rank's share of them)
+        examples = step_examples(env, n_examples, args.seed, step, replays)[first:end]
         tokens0 = policy.gen_tokens
-        records = sample_rollouts(env, examples, policy, args.group)
+        records = sample_rollouts(env, examples, policy, args.group, step * n_examples + first)
         t_gen = time.time() - t0
-        # 2. advantages: each episode's reward minus the mean of its example's group
-        adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)  # (batch,)
+        # 2. advantages: each episode's reward minus the mean of its example's group (a group is never split)
+        adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)  # (episodes of this rank,)
         # 3-4. the loss on the sampled tokens, and the optimizer step(s)
         lr = lr_at(step, args.lr, args.warmup, args.steps, args.schedule)
         for g in opt.param_groups:
@@ -418,17 +453,20 @@ def main():
         model.train()
         t1 = time.time()
         try:
-            stats = update(model, records, adv, args, opt, amp, ref_model)
+            stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group, args.batch)
         except torch.OutOfMemoryError as e:
             raise SystemExit(f"out of GPU memory in the update: lower --token_budget (tokens per micro-batch, now "
                              f"{args.token_budget}) or add --grad_ckpt.\n  ({str(e)[:200]})") from e
         t_train = time.time() - t1
         step += 1
         bad_steps = bad_steps + 1 if stats["skipped"] else 0
-        m = batch_metrics(records, env)
+        # the step's metrics over the whole batch: every rank's episodes, in the order one process would have them
+        shares = gather_from_ranks(([{k: r[k] for k in ("reward", "rewards", "metrics", "mask", "truncated")} for r in records],
+                                    (adv == 0).tolist(), policy.gen_tokens - tokens0))
+        m = batch_metrics([r for share in shares for r in share[0]], env)
         m.update(entropy=stats["entropy"], clip_frac=stats["clip_frac"], grad_norm=stats["grad_norm"], lr=lr,
-                 logp_mismatch=stats["logp_mismatch"], zero_adv=float((adv == 0).float().mean()),
-                 gen_tokens_per_s=(policy.gen_tokens - tokens0) / t_gen, train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
+                 logp_mismatch=stats["logp_mismatch"], zero_adv=sum(z for share in shares for z in share[1]) / args.batch,
+                 gen_tokens_per_s=sum(share[2] for share in shares) / t_gen, train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
                  step_time=time.time() - t0, skipped_updates=stats["skipped"])
         if device.startswith("cuda"):
             m["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -436,18 +474,23 @@ def main():
         if bad_steps >= args.max_bad_steps:
             raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good checkpoint is in {args.out}; "
                              "lower --lr, raise --grad_clip headroom, or check the model's dtype.")
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            run_eval(step)
+        if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            run_eval(step)  # the other ranks wait for rank 0 at the next step's first collective
         if args.save_every and step % args.save_every == 0 and step < args.steps:
-            save(step)
+            check_ranks_agree(model)  # under torchrun: every rank holds the weights rank 0 saves
+            if rank == 0:
+                save(step)
 
     # ---- final evaluation and save
     if args.exploit:
         model.eval()
         exploit(step)
-    run_eval(step)
-    save(step)
+    check_ranks_agree(model)
+    if rank == 0:
+        run_eval(step)
+        save(step)
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
+    stop_ranks()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ the rows left-padded to a common length, so continuing a game meant re-stacking 
 (two copies of it at once), and it pays its per-token Python and launch overhead at every step. Models with
 recurrent layers (LFM2's convolutions, Qwen3.5's linear attention), whose state a padded write would disturb,
 re-encode the conversation each turn through the model's own cache, on the same decoding loop.
+
+Sampling is inverse-CDF with one uniform number per token, drawn from a generator seeded by (seed, episode number,
+rollout, turn): an episode's tokens do not depend on which episodes share its batch, so --gen_batch, the order of
+the batches, or splitting a step over several torchrun ranks change no rollout.
 """
 import argparse
 import concurrent.futures
@@ -36,6 +40,7 @@ import random
 import threading
 import time
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -225,6 +230,10 @@ class _Attention:
 # ----------------------------------------------------------------------------- policies
 
 
+class NonFiniteLogits(RuntimeError):
+    """The model's logits are NaN or inf (its weights are), so no reply can be sampled."""
+
+
 class HFPolicy:
     """A Hugging Face causal LM as a policy, on its own decoding loop over the same model (see the module doc).
 
@@ -235,8 +244,8 @@ class HFPolicy:
     re-encode the conversation every turn with the model's own cache (`reuse_cache` False does that for all)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                 reuse_cache=True, min_new_tokens=0):
-        self.model, self.tokenizer = model, tokenizer
+                 reuse_cache=True, min_new_tokens=0, seed=0):
+        self.model, self.tokenizer, self.seed = model, tokenizer, seed
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
@@ -287,8 +296,10 @@ class HFPolicy:
             logits, step = self._continue(episodes, cache) if cache else self._reencode(episodes)
             if self.cuda_graphs and cache:
                 step = self._graphed(step, cache)
-            tokens, logprobs, n_sampled = self._sample_replies(logits, step)
+            tokens, logprobs, n_sampled = self._sample_replies(logits, step, self._uniforms(episodes, device))
         tokens, logprobs, n_sampled = tokens.cpu(), logprobs.cpu(), n_sampled.tolist()
+        if self.temp and not torch.isfinite(logprobs).all():  # checked once a turn: a check per token would stall the GPU
+            raise NonFiniteLogits("the model's logits are not finite (NaN or inf weights), so its samples mean nothing")
         replies = []
         for b, ep in enumerate(episodes):
             toks, lps = tokens[b, :n_sampled[b]].tolist(), logprobs[b, :n_sampled[b]].tolist()
@@ -403,10 +414,22 @@ class HFPolicy:
             return logits
         return replay
 
-    def _sample_replies(self, logits, step):
-        """Sample up to max_new_tokens per row from the first logits (B, V), feeding each token back through step().
-        Returns tokens (B, L), their logprobs under softmax(logits / temp) (temperature 1 when greedy), and the
-        number of tokens of each reply (B,), its stop token included."""
+    def _uniforms(self, episodes, device):
+        """(B, max_new_tokens) uniform numbers in [0, 1), one per token this turn may sample: row b's are drawn from
+        a generator seeded by (seed, episode index, rollout, turn). An episode's draws therefore do not depend on
+        which other episodes share its batch: the same rollouts whatever --gen_batch, and whatever the number of
+        ranks that split a step's episodes between them (rl.py under torchrun)."""
+        if self.temp == 0:
+            return torch.zeros((len(episodes), self.max_new_tokens), device=device)  # greedy: not used
+        rows = [np.random.default_rng([self.seed, ep.get("index", 0), ep.get("rollout", 0), len(ep["messages"])]).random(self.max_new_tokens)
+                for ep in episodes]
+        return torch.tensor(np.stack(rows), dtype=torch.float32, device=device)
+
+    def _sample_replies(self, logits, step, uniforms):
+        """Sample up to max_new_tokens per row from the first logits (B, V), feeding each token back through step();
+        token t of row b is drawn with uniforms[b, t]. Returns tokens (B, L), their logprobs under
+        softmax(logits / temp) (temperature 1 when greedy), and the number of tokens of each reply (B,), its stop
+        token included."""
         B, device = logits.shape[0], logits.device
         stop_ids = torch.tensor(self.chat.stop_ids, device=device)
         tokens = torch.zeros((B, self.max_new_tokens), dtype=torch.long, device=device)
@@ -415,7 +438,7 @@ class HFPolicy:
         done = torch.zeros(B, dtype=torch.bool, device=device)
         check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
         for t in range(self.max_new_tokens):
-            token, logprob = self._sample(logits, suppress_stop=t < self.min_new_tokens, stop_ids=stop_ids)
+            token, logprob = self._sample(logits, uniforms[:, t], suppress_stop=t < self.min_new_tokens, stop_ids=stop_ids)
             tokens[:, t], logprobs[:, t] = token, logprob
             stopped = torch.isin(token, stop_ids) & ~done
             n_sampled = torch.where(stopped, t + 1, n_sampled)
@@ -425,9 +448,10 @@ class HFPolicy:
             logits = step(token)
         return tokens[:, :t + 1], logprobs[:, :t + 1], n_sampled.long()
 
-    def _sample(self, logits, suppress_stop, stop_ids):
-        """(token (B,), its logprob (B,)) from logits (B, V): the logprob is the model's at the sampling temperature,
-        before any top-p or end-of-turn suppression."""
+    def _sample(self, logits, uniform, suppress_stop, stop_ids):
+        """(token (B,), its logprob (B,)) from logits (B, V) and one uniform number per row (B,): inverse-CDF
+        sampling, the first token whose cumulative probability exceeds the row's number. The logprob is the model's
+        at the sampling temperature, before any top-p or end-of-turn suppression."""
         logp = torch.log_softmax(logits.float() / (self.temp or 1.0), dim=-1)  # (B, V)
         choose = logp
         if suppress_stop:
@@ -440,7 +464,12 @@ class HFPolicy:
                 sorted_probs, order = probs.sort(-1, descending=True)
                 outside = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p
                 probs = probs.scatter(1, order, sorted_probs.masked_fill(outside, 0.0))
-            token = torch.multinomial(probs, 1).squeeze(1)
+            cdf = probs.cumsum(-1)  # (B, V)
+            total = cdf[:, -1:].contiguous()  # (B, 1): 1 up to rounding
+            token = torch.searchsorted(cdf, uniform[:, None] * total, right=True)  # (B, 1); a zero-probability token is never first past the number
+            # a number that rounds up to the total would fall past the end: take the last token with probability instead
+            token = torch.where(token >= cdf.shape[1], torch.searchsorted(cdf, total), token).squeeze(1)
+            token = token.clamp(max=cdf.shape[1] - 1)  # NaN probabilities (non-finite weights) sort past the end too
         return token, logp.gather(1, token[:, None]).squeeze(1)
 
 
@@ -564,7 +593,7 @@ def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=1
     if api_base:
         return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
     lm, tokenizer = load_model(model, device)
-    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size)
+    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed)
 
 
 # ----------------------------------------------------------------------------- the rollout loop

@@ -5,6 +5,11 @@ SFT warm-up: play teacher games, keep the good ones, train every parameter on th
         --n_games 200 --max_steps 30 --batch 32 --lr 1e-5                                      # GPU, as in the reference
     python sft.py --model scratch --teacher minimax --teacher_random_prob 0.2                # offline, CPU, ~10 minutes
     python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
+    torchrun --standalone --nproc_per_node 8 sft.py --model Qwen/Qwen3-1.7B --data out/sft/data.jsonl --batch 64   # 8 GPUs
+
+Under torchrun every rank trains on its share of each step's --batch conversations, the loss divided by the
+whole batch's reply tokens, and the gradients are summed over the ranks; rank 0 plays the teacher's games and
+builds a scratch model, then the others read them from DIR.
 
 --model scratch builds a small Llama-architecture model (random init, a few million parameters) and a
 byte-level BPE tokenizer trained on the environment's own transcripts, with a ChatML chat template, and
@@ -26,14 +31,15 @@ import json
 import math
 import os
 import random
+import sys
 import time
 
 import torch
 
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
-                    load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device,
-                    positive, rng_state, samples_when_served, save_checkpoint, start_or_resume, token_logprobs,
-                    token_microbatches, train_autocast)
+                    check_ranks_agree, load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args,
+                    pick_device, positive, rng_state, samples_when_served, save_checkpoint, start_or_resume, start_ranks, stop_ranks,
+                    sum_gradients, sum_over_ranks, token_logprobs, token_microbatches, train_autocast, wait_for_rank0)
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, has_scripted_player, make_policy, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -211,39 +217,44 @@ def main():
     if args.context_loss is None:
         args.context_loss = 0.3 if args.model == "scratch" else 0.0
 
-    # ---- setup
+    # ---- setup; under torchrun, rank 0 alone prints and writes files (the others' errors still reach stderr)
     t_start = time.time()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device = pick_device(args.device)
+    rank, world, device = start_ranks(pick_device(args.device), args.dist_timeout)
+    if rank:
+        sys.stdout = open(os.devnull, "w")
     env = load_env(args.env, args.env_args)
-    resume = checkpoint_to_resume(args)
+    resume = checkpoint_to_resume(args, rank)
 
     # ---- model: loaded before any game is played or any file written, so a bad --model costs nothing and loses
-    # nothing (an HF teacher then plays while the student is in memory)
+    # nothing (an HF teacher then plays while the student is in memory). Under torchrun rank 0 builds the scratch
+    # model and the others load what it saved.
     if resume:
         model_path = args.out
     elif args.model == "scratch":
-        model_path = build_scratch(os.path.join(args.out + "_init"), env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
+        model_path = os.path.join(args.out + "_init")
+        if rank == 0:
+            build_scratch(model_path, env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
+        wait_for_rank0(f"scratch model in {model_path}")
     else:
         model_path = args.model
     model, tokenizer = load_model(model_path, device, train=True)
 
-    # ---- data
+    # ---- data: under torchrun rank 0 plays the teacher's games (the others wait, up to --dist_timeout) and every
+    # rank reads the kept ones back from DIR/data.jsonl
     data_path = os.path.join(args.out, "data.jsonl")
-    if resume:
-        convs = read_data(data_path)
-    elif args.data:
-        convs = read_data(args.data)
-    else:
-        convs = teacher_games(args, env)
-    if not convs:
-        raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
-                         "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")
-    os.makedirs(args.out, exist_ok=True)
-    if not resume:
+    if rank == 0 and not resume:
+        convs = read_data(args.data) if args.data else teacher_games(args, env)
+        if not convs:
+            raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
+                             "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")
+        os.makedirs(args.out, exist_ok=True)
         with open(data_path, "w") as f:
             f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
+    wait_for_rank0(f"teacher games in {data_path}")
+    if rank or resume:
+        convs = read_data(data_path)
 
     chat = ChatTokens(tokenizer, env.system_prompt)
     encoded = [chat.encode_conversation(c) for c in convs]
@@ -260,7 +271,7 @@ def main():
     steps_per_epoch = max(1, len(encoded) // args.batch)
     total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
-    step = start_or_resume(args, opt, resume)["step"]
+    step = start_or_resume(args, opt, resume, rank)["step"]
 
     def batch_indices(step):
         """The data position is a pure function of the step: epoch e is a permutation seeded by (seed, e)."""
@@ -271,7 +282,7 @@ def main():
 
     # ---- loop
     from eval import evaluate_standard
-    metrics_path = os.path.join(args.out, "metrics.jsonl")
+    metrics_path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
     results = {}
 
     def run_eval(step):
@@ -294,7 +305,8 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         idx = batch_indices(step)
-        n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)
+        n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)  # the whole batch's: every rank divides by it
+        idx = idx[rank::world]  # under torchrun: this rank's conversations of the batch
         loss_sum, ctx_sum, n_ctx, n_tok = 0.0, 0.0, 0, 0
         for mb in token_microbatches([len(encoded[i][0]) for i in idx], args.token_budget):
             with amp:
@@ -302,6 +314,8 @@ def main():
             (loss / n_loss_tokens).backward()
             loss_sum, ctx_sum, n_ctx = loss_sum + reply_nll / n_loss_tokens, ctx_sum + ctx_nll, n_ctx + ctx_n
             n_tok += len(mb) * max(len(encoded[idx[j]][0]) for j in mb)
+        sum_gradients(model)  # under torchrun: the whole batch's gradient, on every rank
+        loss_sum, ctx_sum, n_ctx, n_tok = sum_over_ranks([loss_sum, ctx_sum, n_ctx, n_tok])
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -309,15 +323,20 @@ def main():
         dt = time.time() - t0
         ctx = {"context_loss": ctx_sum / n_ctx} if n_ctx else {}
         log_line(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm, "tokens_per_s": n_tok / dt, "step_time": dt}, metrics_path)
-        if args.eval_every and step % args.eval_every == 0 and step < total:
-            run_eval(step)
+        if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < total:
+            run_eval(step)  # the other ranks wait for rank 0 at the next gradient all-reduce
         if args.save_every and step % args.save_every == 0 and step < total:
-            save(step)
+            check_ranks_agree(model)  # under torchrun: every rank holds the weights rank 0 saves
+            if rank == 0:
+                save(step)
 
     # ---- final eval and save
-    run_eval(step)
-    save(step)
+    check_ranks_agree(model)
+    if rank == 0:
+        run_eval(step)
+        save(step)
     print(f"done in {time.time() - t_start:.0f}s: model saved to {args.out}")
+    stop_ranks()
 
 
 if __name__ == "__main__":

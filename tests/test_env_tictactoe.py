@@ -768,6 +768,26 @@ def test_unknown_argument_raises_naming_it():
         ttt.load_environment(opponent_strength=0.5)
 
 
+def test_rules_player_knows_the_format_and_the_rules_only():
+    """The 'rules' player (speedrun.sh TEACHER=rules): a legal move, a <think> that lists the free cells and names
+    the move, and no strategy: where it can win at once it does so no more often than a random free cell would."""
+    env = ttt.load_environment(show_cells=True)
+    player = env.scripted_player("rules")
+    wins_taken = wins_possible = 0
+    for ex in env.examples(400, seed=3):
+        state, _ = env.reset(ex)
+        while not state["done"]:
+            board, free = state["board"], ttt.free_cells(state["board"])
+            reply = player(state)
+            m = re.fullmatch(r"<think>Free cells: ([0-8 ]+)\. I take cell ([0-8])\.</think><move>([0-8])</move>", reply)
+            assert m and [int(c) for c in m.group(1).split()] == free and m.group(2) == m.group(3) and int(m.group(3)) in free
+            if ttt.threats(board, "X") and len(free) > 2:
+                wins_possible += 1
+                wins_taken += int(m.group(3)) in ttt.threats(board, "X")
+            env.step(state, reply)
+    assert wins_possible > 100 and wins_taken / wins_possible < 0.5  # minimax would take every one
+
+
 def test_unknown_scripted_player():
     with pytest.raises(ValueError, match="perfect"):
         ttt.load_environment().scripted_player("perfect")

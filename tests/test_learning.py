@@ -79,8 +79,11 @@ def test_group_advantages_follow_rollout_records():
 
 def test_loss_weights_by_hand():
     n_tok = [2, 3, 5, 4]
-    assert loss_weights(n_tok, "token") == pytest.approx([1 / 14] * 4)
-    assert loss_weights(n_tok, "sequence") == pytest.approx([1 / (2 * 4), 1 / (3 * 4), 1 / (5 * 4), 1 / (4 * 4)])
+    assert loss_weights(n_tok, "token", 14, 4) == pytest.approx([1 / 14] * 4)
+    assert loss_weights(n_tok, "sequence", 14, 4) == pytest.approx([1 / (2 * 4), 1 / (3 * 4), 1 / (5 * 4), 1 / (4 * 4)])
+    # a rank holding episodes 2-3 of the batch weighs them as the whole batch does (the normalisers are the batch's)
+    for agg in ("token", "sequence"):
+        assert loss_weights(n_tok[2:], agg, 14, 4) == pytest.approx(loss_weights(n_tok, agg, 14, 4)[2:])
 
 
 PREFIX = list(range(3, 13))  # a common prefix of 10 tokens: update() runs it once (common.decoder_hidden)
@@ -311,8 +314,9 @@ def test_rl_steps_at_the_scheduled_learning_rate(letters_model_dir, tmp_path, mo
         used.append(self.param_groups[0]["lr"])
         return adamw_step(self, *a, **kw)
     monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
-    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", letters_model_dir, "--env", "letters", "--batch", "8", "--group", "4",
+    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", letters_model_dir, "--env", "letters", "--batch", "32", "--group", "8",
                                       "--steps", "4", "--lr", "1e-3", "--warmup", "2", "--schedule", "cosine", "--max_new_tokens", "1",
+                                      "--temp", "1.3",
                                       "--eval_every", "0", "--eval_n", "1", "--save_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
     rl.main()
     assert used == pytest.approx([lr_at(s, 1e-3, 2, 4, "cosine") for s in range(4)])

@@ -316,4 +316,4 @@ def test_non_finite_weights_stop_the_rollout_with_a_message(tiny_model, short_en
         model.get_output_embeddings().weight.fill_(float("nan"))
     policy = HFPolicy(model, tiny_model[1], short_env.system_prompt, temp=1.0, max_new_tokens=4)
     with pytest.raises(SystemExit, match="not finite"):
-        rl.sample_rollouts(short_env, short_env.examples(2), policy, 2)
+        rl.sample_rollouts(short_env, short_env.examples(2), policy, 2, 0)

@@ -106,8 +106,8 @@ def force_replies(monkeypatch, policy, reply_fn):
         state["t"] = 0
         return turn(episodes, cache)
 
-    def forced_sample(logits, suppress_stop, stop_ids):
-        _, _ = sample(logits, suppress_stop, stop_ids)
+    def forced_sample(logits, uniform, suppress_stop, stop_ids):
+        _, _ = sample(logits, uniform, suppress_stop, stop_ids)
         logp = torch.log_softmax(logits.float() / (policy.temp or 1.0), dim=-1)
         t = state["t"]
         token = torch.tensor([tg[min(t, len(tg) - 1)] for tg in state["targets"]], device=logits.device)
@@ -318,16 +318,15 @@ class _EndsEarly:
 def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, temp):
     """Rows of a RowCache continued turn after turn (each turn encodes only the new tokens, right-aligned, padding
     written to the spare slot; finished episodes compacted away) give the same tokens and logprobs as re-encoding
-    the whole conversation every turn. Greedy: in two rollout batches; sampled: in one (the two paths group a
-    turn's episodes differently once some have finished, and so draw their random numbers differently)."""
+    the whole conversation every turn, in two rollout batches, greedy and sampled (an episode's random numbers are
+    its own, whichever episodes share its batch)."""
     model, tok = sharp_model
     env = _EndsEarly(short_env)
     examples = env.examples(6, seed=11)
     runs = {}
     for reuse in (True, False):
         torch.manual_seed(0)
-        policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4 if temp == 0 else 8,
-                          reuse_cache=reuse)
+        policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
         seen = _spy_prefill(policy, monkeypatch)
         runs[reuse] = rollout(env, examples, policy, progress=False)
         monkeypatch.undo()
@@ -646,3 +645,46 @@ def test_corrupt_weights_file_stops_with_one_line(tiny_model_dir, tmp_path):
     (bad / "model.safetensors").write_bytes(b"not a safetensors file at all")
     with pytest.raises(SystemExit, match="could not load model"):
         common.load_model(str(bad), device="cpu")
+
+
+def test_sampled_rollouts_do_not_depend_on_their_batch(sharp_model, short_env):
+    """Sampling is keyed by (seed, episode number, rollout, turn): one batch of 12, batches of 5, or the examples
+    split over two calls numbered from their place (two torchrun ranks) give the same episodes; another seed not."""
+    model, tok = sharp_model
+    examples = short_env.examples(6, seed=4)
+
+    def play(batch_size, seed=0, split=False):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=10, batch_size=batch_size, seed=seed)
+        if not split:
+            return rollout(short_env, examples, policy, group=2, progress=False)
+        return (rollout(short_env, examples[:3], policy, group=2, progress=False)
+                + rollout(short_env, examples[3:], policy, group=2, start_index=3, progress=False))
+    whole = play(12)
+    assert len({tuple(r["ids"]) for r in whole}) > 6, "sampling should vary between episodes"
+    for other in (play(5), play(12, split=True)):
+        assert [r["ids"] for r in other] == [r["ids"] for r in whole]
+        torch.testing.assert_close(torch.tensor([lp for r in other for lp in r["logprobs"]]),
+                                   torch.tensor([lp for r in whole for lp in r["logprobs"]]), atol=1e-5, rtol=0)
+    assert [r["ids"] for r in play(12, seed=1)] != [r["ids"] for r in whole]
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_inverse_cdf_sampling_draws_the_distribution(top_p):
+    """HFPolicy._sample on fixed logits and 40,000 uniform numbers: each token's frequency is its probability (after
+    the nucleus cut), a suppressed stop token is never drawn, and the logprob is the model's at the temperature."""
+    policy = HFPolicy.__new__(HFPolicy)
+    policy.temp, policy.top_p = 2.0, top_p
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 3.0, float("-inf")]]).repeat(40_000, 1)  # (B, V)
+    probs = torch.softmax(logits[0] / 2.0, -1)
+    token, logp = policy._sample(logits, torch.rand(40_000, generator=torch.Generator().manual_seed(0)),
+                                 suppress_stop=True, stop_ids=torch.tensor([1]))
+    want = probs.clone()
+    want[1] = 0  # suppressed
+    want /= want.sum()
+    if top_p < 1:  # the smallest set of most likely tokens reaching top_p: tokens 4 and 2 (0.51 + 0.31 of the rest)
+        want[[0, 3]] = 0
+        want /= want.sum()
+    freq = torch.bincount(token, minlength=6).float() / len(token)
+    torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
+    assert freq[1] == 0 and freq[5] == 0
+    torch.testing.assert_close(logp, torch.log(probs)[token])

@@ -1,0 +1,151 @@
+"""torchrun data parallelism on this CPU: two processes on the gloo backend against one process, same global batch.
+
+Each rank rolls out its share of a step's groups and the gradients are summed over the ranks, so two ranks must
+train the same weights as one process (up to float rounding: the sums are split differently), log the same
+metrics, resume from a checkpoint written by any number of ranks, and leave only rank 0's files."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from test_rl import DIGITS_ENV, train_lines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# rl.py on an environment where a tiny random model gets varied rewards (so every step has a gradient), 4 groups of 4
+RL = ["rl.py", "--env", "digits", "--batch", "16", "--group", "4", "--max_new_tokens", "6", "--lr", "1e-2", "--warmup", "1",
+      "--eval_every", "0", "--eval_n", "2", "--save_every", "2", "--temp", "1.5", "--device", "cpu", "--dist_timeout", "120"]
+# and on tic-tac-toe with the exploiter: rank 0 certifies the greedy policy, every rank replays its lines
+EXPLOIT = ["--env", "tictactoe", "--env_args", '{"max_turns": 3, "show_cells": true}', "--exploit", "2"]
+SFT = ["sft.py", "--model", "scratch", "--n_games", "40", "--vocab_size", "300", "--d_model", "32", "--n_layers", "2",
+       "--n_heads", "2", "--max_steps", "4", "--batch", "5", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
+       "--device", "cpu", "--dist_timeout", "120"]
+
+
+def launch(argv, ranks, env_dir=None, timeout=300):
+    """`python SCRIPT ...` (ranks 0) or `torchrun --nproc_per_node RANKS SCRIPT ...`; returns the finished process."""
+    if ranks:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *argv]
+    else:
+        cmd = [sys.executable, *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": env_dir or ""}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def run(argv, ranks, env_dir=None):
+    res = launch(argv, ranks, env_dir)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def weights(out):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(out, "model.safetensors"))
+
+
+def assert_same_run(a, b, exact=False):
+    """The runs in directories a and b logged the same steps and metrics and ended with the same weights."""
+    rows_a, rows_b = train_lines(a), train_lines(b)
+    assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
+    for ra, rb in zip(rows_a, rows_b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+    wa, wb = weights(a), weights(b)
+    for k in wa:
+        if exact:
+            assert torch.equal(wa[k], wb[k]), k
+        else:
+            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5)
+
+
+def certificates(out):
+    return [{k: v for k, v in r.items() if k != "certify_s"} for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
+            if "certify_lines_lost" in r]
+
+
+def test_rl_two_ranks_train_as_one_process_and_resume_across_rank_counts(tiny_model_dir, tmp_path):
+    (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
+    one, two, crossed = (str(tmp_path / n) for n in ("one", "two", "crossed"))
+    base, env_dir = RL + ["--model", tiny_model_dir], str(tmp_path)
+    run(base + ["--steps", "4", "--out", one], 0, env_dir)  # the reference: one process, no process group
+    assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
+    out = run(base + ["--steps", "2", "--out", two], 2, env_dir)  # two ranks, "interrupted" after step 2 ...
+    assert out.count("step 2 | reward") == 1, "only rank 0 prints"
+    shutil.copytree(two, crossed)
+    run(base + ["--steps", "4", "--out", two, "--resume"], 2, env_dir)  # ... and resumed by two ranks
+    assert_same_run(one, two)
+    # only rank 0 wrote: the same files as one process, every log line once
+    assert sorted(os.listdir(one)) == sorted(os.listdir(two))
+    assert [r["step"] for r in train_lines(two)] == [1, 2, 3, 4]
+    # a checkpoint written by two ranks, resumed by one process
+    run(base + ["--steps", "4", "--out", crossed, "--resume"], 0, env_dir)
+    assert_same_run(one, crossed)
+
+
+def test_rl_exploiter_under_two_ranks_and_one_process_resumed_into_two(tiny_model_dir, tmp_path):
+    one, crossed = str(tmp_path / "one"), str(tmp_path / "crossed")
+    base = RL + ["--model", tiny_model_dir] + EXPLOIT
+    run(base + ["--steps", "4", "--out", one], 0)
+    run(base + ["--steps", "2", "--out", crossed], 0)
+    run(base + ["--steps", "4", "--out", crossed, "--resume"], 2)
+    assert_same_run(one, crossed)
+    # rank 0 certified the same policies at steps 0, 2, 4 (the 2-step run's own final certificate, a second one at
+    # step 2, stays in the log it continued)
+    assert [c["step"] for c in certificates(crossed)] == [0, 2, 2, 4]
+    assert certificates(one) == certificates(crossed)[:2] + certificates(crossed)[3:]
+    assert sorted(os.listdir(one + "_best")) == sorted(os.listdir(crossed + "_best"))
+    assert json.load(open(one + "_best/certificate.json")) == json.load(open(crossed + "_best/certificate.json"))
+
+
+def test_sft_two_ranks_train_as_one_process(tmp_path):
+    """--batch 5 over 2 ranks (3 + 2 conversations): the loss is divided by the whole batch's tokens on every rank."""
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run(SFT + ["--out", one], 0)
+    out = run(SFT + ["--out", two], 2)
+    assert out.count("step 4 | loss") == 1
+    rows = [[{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_time")} for r in map(json.loads, open(os.path.join(d, "metrics.jsonl")))]
+            for d in (one, two)]
+    assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]]
+    for ra, rb in zip(*rows):
+        assert ra == pytest.approx(rb, rel=1e-5)
+    for k, w in weights(one).items():
+        torch.testing.assert_close(w, weights(two)[k], rtol=0, atol=1e-5)
+    assert sorted(os.listdir(one)) == sorted(os.listdir(two))
+
+
+HANGING_ENV = DIGITS_ENV.replace("    def examples(self, n, seed=0):\n", """    def examples(self, n, seed=0):
+        import os, time
+        if os.environ.get("RANK") == "1":  # a rank that stops answering
+            time.sleep(600)
+""")
+
+
+def test_a_rank_that_stops_answering_stops_the_others(tiny_model_dir, tmp_path):
+    (tmp_path / "env_digits.py").write_text(HANGING_ENV)
+    argv = ["rl.py", "--model", tiny_model_dir, "--env", "digits", "--batch", "8", "--group", "4", "--steps", "2",
+            "--max_new_tokens", "4", "--device", "cpu", "--out", str(tmp_path / "o"), "--dist_timeout", "5"]
+    t0 = time.time()
+    res = launch(argv, 2, str(tmp_path), timeout=120)
+    assert res.returncode != 0
+    assert "rank 0: another rank stopped, or did not reach the" in res.stderr and "--dist_timeout" in res.stderr
+    assert time.time() - t0 < 90
+
+
+def test_the_batch_must_split_into_whole_groups_per_rank():
+    import rl
+    assert rl.my_share(8, 4, 1, 2) == (4, 8)
+    with pytest.raises(SystemExit, match=r"make --batch a multiple of 2 x 4 = 8"):
+        rl.my_share(3, 4, 0, 2)
+
+
+def test_alone_there_is_no_process_group():
+    import common
+    assert common.start_ranks("cpu", 10) == (0, 1, "cpu")
+    assert not torch.distributed.is_initialized()
+    assert common.sum_over_ranks([1.5, 2]) == [1.5, 2] and common.gather_from_ranks("x") == ["x"] and common.from_rank0(3) == 3
