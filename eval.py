@@ -193,9 +193,10 @@ def certify(env, policy, out=None, progress=True):
 # ----------------------------------------------------------------------------- the speedrun's report
 
 
-def write_report(out, times, teacher_p, sft_args, rl_args, env_args):
+def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
-    {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the arguments name the run's recipe."""
+    {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
+    probability teacher_p, or rules) and the other arguments name the run's recipe."""
     import platform
     t_sft, t_rl, t_all = times or (None, None, None)
     load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
@@ -206,7 +207,9 @@ def write_report(out, times, teacher_p, sft_args, rl_args, env_args):
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2)
-    name = {"teacher": f"teacher (minimax, random moves p={teacher_p})", "sft": "SFT model",
+    teacher_flags = f"--teacher minimax --teacher_random_prob {teacher_p}" if teacher == "minimax" else f"--teacher {teacher}"
+    name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
+                       f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
             "rl": "RL model" + (f" (step {res['rl_step']}: the best certificate)" if res["rl_step"] is not None else "")}
     rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
     for w in ("teacher", "sft", "rl"):
@@ -240,7 +243,7 @@ Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with ev
 {nl.join(shown)}
 
 ## Commands
-    python sft.py --model scratch --teacher minimax --teacher_random_prob {teacher_p} {sft_args} --out {out}/sft
+    python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
     python rl.py --model {out}/sft {rl_args} --out {out}/rl
     python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 48 --env_args '{env_args}' --out {out}/eval/WHO
 
@@ -287,7 +290,9 @@ def main():
     p.add_argument("--show", type=int, default=2, help="transcripts to print")
     p.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md and OUT/results.json from the "
                    "evaluations speedrun.sh left in OUT/eval (no model is loaded); with --times, --sft_args, --rl_args, "
-                   "--random_move_prob (the teacher's) and --env_args (the evaluation's) naming the run")
+                   "--teacher and --random_move_prob (the SFT teacher's) and --env_args (the evaluation's) naming the run")
+    p.add_argument("--teacher", choices=["minimax", "rules"], default="minimax", help="--report: the SFT teacher "
+                   "(speedrun.sh TEACHER): minimax with --random_move_prob, or rules (random legal moves)")
     p.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
@@ -295,7 +300,7 @@ def main():
     check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
                        "show": (at_least(0), ">= 0"), "out": (lambda d: d is None or can_write(d), "a directory you can write")})
     if args.report:
-        return write_report(args.report, args.times, args.random_move_prob, args.sft_args, args.rl_args, args.env_args)
+        return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args, args.env_args)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))

@@ -3,7 +3,8 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL
+#   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -17,6 +18,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/speedrun}
 SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher's games, the RL examples
+# TEACHER=minimax: SFT copies a near-perfect player and RL fixes its last mistakes; TEACHER=rules: the teacher plays
+# a uniformly random legal move, its <think> listing the free cells, so SFT teaches the format and the rules and
+# RL has to find every bit of strategy (docs/RANDOM_TEACHER.md)
+TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
@@ -32,13 +37,33 @@ SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
 RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
+if [ "$TEACHER" = "rules" ]; then
+  # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
+  # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
+  SFT_ENV="{\"show_cells\": $SHOW_CELLS}"
+  RL_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5}"
+  TEACHER_FLAGS="--teacher rules --keep all"
+  SFT_STEPS=${SFT_STEPS_RULES:-1000}
+  N_GAMES=8000  # one pass over them in 1,000 steps
+  RL_STEPS=${RL_STEPS_RULES:-300}
+  RL_LR=2e-4
+  TEACHER_EVAL="rules"
+elif [ "$TEACHER" = "minimax" ]; then
+  TEACHER_FLAGS="--teacher minimax --teacher_random_prob $TEACHER_P"
+  N_GAMES=24000
+  RL_LR=5e-5
+  TEACHER_EVAL="minimax --random_move_prob $TEACHER_P"
+else
+  echo "TEACHER=$TEACHER: use minimax or rules" >&2
+  exit 2
+fi
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-8}
 else
-  SFT="--n_games 24000 --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
-  RL="--batch 64 --group 8 --steps $RL_STEPS --lr 5e-5 --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
+  SFT="--n_games $N_GAMES --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
+  RL="--batch 64 --group 8 --steps $RL_STEPS --lr $RL_LR --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
 SFT="$SFT --seed $SEED"
@@ -48,8 +73,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 SECONDS=0
 stamp() { echo "[speedrun ${SECONDS}s] $*"; }
 
-stamp "1-2. scratch model + SFT on the minimax teacher (random-move probability $TEACHER_P)"
-python sft.py --model scratch --teacher minimax --teacher_random_prob "$TEACHER_P" $SFT --env_args "$SFT_ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
+stamp "1-2. scratch model + SFT on the teacher ($TEACHER_FLAGS)"
+python sft.py --model scratch $TEACHER_FLAGS $SFT --env_args "$SFT_ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
 T_SFT=$SECONDS
 
 stamp "3. RL from the SFT model"
@@ -59,7 +84,7 @@ T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 for who in teacher sft rl; do
-  if [ $who = teacher ]; then M="minimax --random_move_prob $TEACHER_P"; else M="$OUT/$who"; fi
+  if [ $who = teacher ]; then M="$TEACHER_EVAL"; else M="$OUT/$who"; fi
   # the RL model: the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)
   if [ $who = rl ] && [ -d "$OUT/rl_best" ]; then M="$OUT/rl_best"; fi
   # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
@@ -69,6 +94,6 @@ done
 T_ALL=$SECONDS
 
 stamp "5. report"
-python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --random_move_prob "$TEACHER_P" \
+python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV"
 stamp "done: $OUT/report.md"

@@ -3,12 +3,15 @@ import json
 import os
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_quick_speedrun(tmp_path):
+@pytest.mark.parametrize("teacher", ["minimax", "rules"])
+def test_quick_speedrun(tmp_path, teacher):
     out = str(tmp_path / "run")
-    env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher}
     res = subprocess.run(["bash", "speedrun.sh"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = json.load(open(os.path.join(out, "results.json")))
@@ -21,6 +24,16 @@ def test_quick_speedrun(tmp_path):
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
     assert "| RL model (step " in report and "Certificate" in report and "| mistaken decisions |" in report
+    assert f"python sft.py --model scratch --teacher {teacher} " in report
+    replies = [m["content"] for line in open(os.path.join(out, "sft", "data.jsonl"))
+               for m in json.loads(line)["messages"] if m["role"] == "assistant"]
+    if teacher == "rules":  # the format and legal moves, nothing strategic; every game kept, none starts in mid-game
+        assert "| teacher (rules: a random legal move, no strategy) |" in report
+        assert all(r.startswith("<think>Free cells: ") and "win" not in r and "threat" not in r for r in replies)
+        assert sum(1 for _ in open(os.path.join(out, "sft", "teacher_games.jsonl"))) == len(open(os.path.join(out, "sft", "data.jsonl")).readlines())
+        assert "moves so far" not in open(os.path.join(out, "sft", "data.jsonl")).read()
+    else:
+        assert any("threatens" in r for r in replies)
     assert os.path.exists(os.path.join(out, "rl", "model.safetensors"))
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
