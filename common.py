@@ -443,7 +443,10 @@ def start_ranks(device, timeout_s):
 
 
 def stop_ranks():
+    """The end of a run: every rank waits for rank 0's last evaluation and save, then leaves the process group
+    together (a rank that left while another still used the group could abort it)."""
     if _distributed():
+        wait_for_rank0("end of the run")
         torch.distributed.destroy_process_group()
 
 
