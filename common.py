@@ -486,12 +486,13 @@ def sum_gradients(model):
     see it unwrapped, and an RL step spends its time in the rollouts, not here.)"""
     if not _distributed():
         return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # a rank with no trained episode this step: it adds zeros
+            p.grad = torch.zeros_like(p)
     with _together("gradient all-reduce"):
-        for p in model.parameters():
-            if p.requires_grad:
-                if p.grad is None:  # a rank with no trained episode this step: it adds zeros
-                    p.grad = torch.zeros_like(p)
-                torch.distributed.all_reduce(p.grad)
+        for p in params:
+            torch.distributed.all_reduce(p.grad)
 
 
 def gather_from_ranks(obj):

@@ -399,7 +399,10 @@ def main():
         for _, recs in evals.values():
             print(show(recs[0]))
 
-    def save(step):
+    def save(step):  # every rank checks that it holds the weights rank 0 saves
+        check_ranks_agree(model)
+        if rank:
+            return
         save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(),
                                                    "exploit_lines": replays, "exploit_best": best},
                         {"rl_args.json": vars(args)})
@@ -477,18 +480,15 @@ def main():
         if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < args.steps:
             run_eval(step)  # the other ranks wait for rank 0 at the next step's first collective
         if args.save_every and step % args.save_every == 0 and step < args.steps:
-            check_ranks_agree(model)  # under torchrun: every rank holds the weights rank 0 saves
-            if rank == 0:
-                save(step)
+            save(step)
 
     # ---- final evaluation and save
     if args.exploit:
         model.eval()
         exploit(step)
-    check_ranks_agree(model)
     if rank == 0:
         run_eval(step)
-        save(step)
+    save(step)
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
     stop_ranks()
 

@@ -233,7 +233,7 @@ def main():
     if resume:
         model_path = args.out
     elif args.model == "scratch":
-        model_path = os.path.join(args.out + "_init")
+        model_path = args.out + "_init"
         if rank == 0:
             build_scratch(model_path, env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
         wait_for_rank0(f"scratch model in {model_path}")
@@ -293,7 +293,10 @@ def main():
         log_eval(step, evals, metrics_path)
         model.train()
 
-    def save(step):
+    def save(step):  # every rank checks that it holds the weights rank 0 saves
+        check_ranks_agree(model)
+        if rank:
+            return
         save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state()},
                         {"sft_args.json": vars(args), "sft_results.json": {"step": step, "eval": results, "wall_s": time.time() - t_start}})
 
@@ -326,15 +329,12 @@ def main():
         if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < total:
             run_eval(step)  # the other ranks wait for rank 0 at the next gradient all-reduce
         if args.save_every and step % args.save_every == 0 and step < total:
-            check_ranks_agree(model)  # under torchrun: every rank holds the weights rank 0 saves
-            if rank == 0:
-                save(step)
+            save(step)
 
     # ---- final eval and save
-    check_ranks_agree(model)
     if rank == 0:
         run_eval(step)
-        save(step)
+    save(step)
     print(f"done in {time.time() - t_start:.0f}s: model saved to {args.out}")
     stop_ranks()
 

@@ -25,30 +25,22 @@ TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
-OPENING=${OPENING:-3}
-SFT_STEPS=${SFT_STEPS:-2200}
-RL_STEPS=${RL_STEPS:-45}  # ~8-11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT=${EXPLOIT:-5}
-ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
-# SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
-# endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
-SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
-# RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
-# explores (an invalid move only costs a turn, so the game result alone barely punishes it)
-RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
 if [ "$TEACHER" = "rules" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
-  SFT_ENV="{\"show_cells\": $SHOW_CELLS}"
-  RL_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5}"
+  OPENING=0
+  SFT_STEPS=${SFT_STEPS:-1000}
+  RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher rules --keep all"
-  SFT_STEPS=${SFT_STEPS_RULES:-1000}
   N_GAMES=8000  # one pass over them in 1,000 steps
-  RL_STEPS=${RL_STEPS_RULES:-300}
   RL_LR=2e-4
   TEACHER_EVAL="rules"
 elif [ "$TEACHER" = "minimax" ]; then
+  OPENING=${OPENING:-3}
+  SFT_STEPS=${SFT_STEPS:-2200}
+  RL_STEPS=${RL_STEPS:-45}  # ~8-11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
   TEACHER_FLAGS="--teacher minimax --teacher_random_prob $TEACHER_P"
   N_GAMES=24000
   RL_LR=5e-5
@@ -57,6 +49,13 @@ else
   echo "TEACHER=$TEACHER: use minimax or rules" >&2
   exit 2
 fi
+ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
+# SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
+# endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
+SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
+# RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
+# explores (an invalid move only costs a turn, so the game result alone barely punishes it)
+RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
