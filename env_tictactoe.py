@@ -115,6 +115,28 @@ def opponent_move(board, seed, random_move_prob):
     return choose_move(board, "O", random_move_prob, stable_rng(seed, board))
 
 
+def line_moves(model_first, replies, board):
+    """The moves ["O 3", "X 4", ...] of a replayed line from the empty board to `board` (X to move): O's are the
+    `replies` ({board: cell}, as eval.py --certify records them), X's lead to the next board of the line."""
+    now, moves, x_to_move = "." * 9, [], model_first
+    while now != board:
+        if x_to_move:
+            nxt = [c for c in free_cells(now) if play(now, c, "X") in replies or play(now, c, "X") == board]
+            if len(nxt) != 1:
+                raise ValueError(f"position {board!r} is not on the replayed line")
+            cell = nxt[0]
+        elif now in replies:
+            cell = replies[now]
+        else:
+            raise ValueError(f"position {board!r} is not on the replayed line")
+        now = play(now, cell, "X" if x_to_move else "O")
+        moves.append(f"{'X' if x_to_move else 'O'} {cell}")
+        x_to_move = not x_to_move
+    if not x_to_move:
+        raise ValueError(f"position {board!r}: O is to move there, not X")
+    return moves
+
+
 # ----------------------------------------------------------------------------- the scripted player (teacher, baseline)
 
 # The scripted minimax PLAYER's style (never the opponent's): one move per board, so that a student copies one
@@ -220,7 +242,7 @@ class TicTacToe:
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opponent=None):
+                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -232,11 +254,14 @@ class TicTacToe:
                 ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
                 ("invalid_penalty", invalid_penalty, number(invalid_penalty) and 0 <= invalid_penalty < float("inf"), "a number >= 0"),
                 ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
-                ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0")]:
+                ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
+                ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
+                ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"')]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
+        self.opening_player, self.replay_from = opening_player, replay_from
         # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
         # None: an example's "replies" where they name the board (a replayed line), else `opponent_move`
         self.opponent = opponent
@@ -254,19 +279,26 @@ class TicTacToe:
     def reset(self, example):
         """An example may set "model_first" to override the seed's choice of who starts, and "replies", a
         {board: cell} map of the opponent's replies on those boards (a line replayed: `eval.py --certify` records
-        the lines a policy lost, `rl.py --exploit` trains on them); elsewhere the seeded opponent plays."""
+        the lines a policy lost, `rl.py --exploit` trains on them); elsewhere the seeded opponent plays. With
+        "position" too (a board on that line, X to move), the game starts there, its moves so far listed as an
+        opening's are."""
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
                  "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
-        # the opening: up to `opening` rounds of the scripted player's X and the example's O, stopping before a
-        # round that would end the game, so that the model always has a move to make; a replayed line has none
+        if "position" in example:
+            moves = line_moves(state["model_first"], state["replies"], example["position"])
+            state["board"] = example["position"]
+        # the opening: up to `opening` rounds of X (the scripted minimax player, or a random cell) and the example's
+        # O, stopping before a round that would end the game, so that the model always has a move to make; a
+        # replayed line has none
         rounds = 0 if "replies" in example else stable_rng(example["seed"], "opening").randint(0, self.opening)
         for _ in range(rounds):
             board = state["board"]
-            x = player_move(board)
+            x = player_move(board) if self.opening_player == "minimax" else \
+                stable_rng(example["seed"], board, "opening X").choice(free_cells(board))
             after = play(board, x, "X")
             if winner(after) is not None or len(free_cells(after)) < 2:
                 break
@@ -350,12 +382,15 @@ class TicTacToe:
     def exploit(self, policy):
         """Certify the greedy `policy` against every opponent line (eval.certify) and return (summary, rank, examples):
         the certificate's numbers, its rank (lost lines, then mistaken decisions; lower is better), and for each
-        mistake, the worst first (an invalid move counts as a loss), the example fields that replay its line from
-        the empty board, the optimal opponent playing after it."""
+        mistake, the worst first (an invalid move counts as a loss), the example fields that replay its line, from
+        the empty board or (replay_from="mistake") from the position of the mistake, the optimal opponent playing
+        after it."""
         from eval import certify  # it plays the policy through the rollout engine
         summary, mistakes = certify(self, policy, progress=False)
         mistakes.sort(key=lambda m: m.get("value_after", -1))
-        replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0} for m in mistakes]
+        position = lambda m: {"position": m["board"]} if self.replay_from == "mistake" else {}
+        replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0, **position(m)}
+                   for m in mistakes]
         return summary, (summary["lines_lost"], summary["mistakes"]), replays
 
     # --- internals
@@ -389,7 +424,7 @@ class TicTacToe:
 
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                     show_cells=False, opening=0, opponent=None):
+                     show_cells=False, opening=0, opening_player="minimax", replay_from="start", opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -397,7 +432,12 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     side's cells under the board ("You (X): 4. Opponent (O): 2 5."), an easier read for a model from scratch;
     opening: start each game after up to this many rounds (the number drawn per example, 0 included) of the
     scripted minimax player's X and the example's own O, listed in the first message ("the moves so far were
-    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter; opponent: a function
-    state -> cell that replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
+    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter; opening_player: who
+    plays X's opening moves, "minimax" (the scripted player) or "random" (a random free cell: an opening that shows
+    no strategy, for the rules teacher); replay_from: where rl.py --exploit's replays start, "start" (the empty
+    board, the line's replies scripting the opponent) or "mistake" (the position of the mistake, its moves listed
+    as an opening's: every rollout makes that decision; the model must know the opening message, from SFT with
+    opening > 0); opponent: a function state -> cell that replaces the seeded opponent (not from --env_args:
+    sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opponent)
+                     opening_player, replay_from, opponent)

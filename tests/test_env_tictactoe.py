@@ -536,6 +536,64 @@ def test_opening_starts_from_a_reachable_position_with_the_moves_listed():
         ttt.load_environment(opening=-1)
 
 
+def test_random_opening_plays_random_free_cells_for_x():
+    """opening_player="random" (the rules recipe's SFT): the opening's X moves are random free cells, not the
+    minimax player's, the game is never over, and the message is the one a minimax opening writes."""
+    env = ttt.load_environment(show_cells=True, opening=3, opening_player="random")
+    player, x_moves, not_minimax = env.scripted_player("minimax", random_move_prob=0.0), 0, 0
+    for ex in env.examples(300, seed=5):
+        state, msg = env.reset(ex)
+        m = re.match(r"New game, from a position: the moves so far were ([XO \d,]+)\.\n", msg)
+        if m is None:
+            continue
+        board = EMPTY
+        for who, cell in [(mv[0], int(mv[2])) for mv in m.group(1).split(", ")]:
+            assert board[cell] == "."
+            if who == "X":
+                x_moves += 1
+                not_minimax += f"<move>{cell}</move>" not in player({"board": board, "seed": ex["seed"]})
+            board = board[:cell] + who + board[cell + 1:]
+        assert board == state["board"] and my_winner(board) is None and not state["done"]
+    assert x_moves > 200 and not_minimax / x_moves > 0.5
+    with pytest.raises(ValueError, match="opening_player"):
+        ttt.load_environment(opening_player="perfect")
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_exploit_replays_from_the_mistake_start_at_its_position(first):
+    """replay_from="mistake": each of the exploit hook's replays starts at the board where the policy erred, X to
+    move, its moves so far listed; those moves are the line's (the same board reached by replaying from the empty
+    board with replay_from="start"), and the opponent goes on with the line's replies then optimal play."""
+    from_start = ttt.load_environment(show_cells=True)
+    from_mistake = ttt.load_environment(show_cells=True, replay_from="mistake")
+    player = from_start.scripted_player("random")
+    policy = lambda episodes: [player(ep["state"]) for ep in episodes]
+    _, _, starts = from_start.exploit(policy)
+    _, _, replays = from_mistake.exploit(policy)
+    assert len(replays) == len(starts) > 50
+    checked = 0
+    for start, replay in zip(starts, replays):
+        if replay["model_first"] != first:
+            continue
+        assert "position" not in start and {**start, "position": replay["position"]} == replay
+        state, msg = from_mistake.reset({"seed": 7, **replay})
+        assert state["board"] == replay["position"] and not state["done"] and state["turns"] == 0
+        listed = re.search(r"moves so far were ([XO \d,]+)\.", msg)
+        if listed is None:  # a mistake at the model's first move: the plain start of the line
+            assert replay["position"].count("X") == 0 and (state, msg) == from_start.reset({"seed": 7, **start})
+            continue
+        # the same board by the line from the empty board: its X moves played, the replies' O moves answering
+        other, _ = from_start.reset({"seed": 7, **start})
+        for mv in listed.group(1).split(", "):
+            if mv[0] == "X":
+                from_start.step(other, f"<move>{mv[2]}</move>")
+        assert other["board"] == state["board"]
+        checked += 1
+    assert checked > 20
+    with pytest.raises(ValueError, match="replay_from"):
+        ttt.load_environment(replay_from="middle")
+
+
 # ----------------------------------------------------------------------------- 7. bad input fuzz
 
 PIECES = ["<move>", "</move>", "<think>", "</think>", "<move>", "</move>", "<Move>", "< move>", "<move", "move>",
