@@ -30,8 +30,9 @@ One step, in the order of this file:
 greedy policy against every opponent line). Every N steps the hook finds the lines where the greedy policy makes
 a mistake; up to half of each step's examples then replay them (tic-tac-toe: from the empty board, the
 opponent's moves scripted along the line, or with replay_from "mistake" from the position of the mistake; the
-opponent optimal after it), so the groups compare a repeat of the mistake with the other moves sampled there. A fix can break another line, so the weights of the best certificate (also
-checked after the last step) are kept in DIR_best: a model proved over every line, like eval.py --certify.
+opponent optimal after it), so the groups compare a repeat of the mistake with the other moves sampled there.
+A fix can break another line, so the weights of the best certificate (also checked after the last step) are
+kept in DIR_best: a model proved over every line, like eval.py --certify.
 
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
 cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
