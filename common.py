@@ -331,8 +331,9 @@ def start_or_resume(args, opt, resume, rank=0):
                          f"without --resume.\n  ({str(e).splitlines()[0][:200]})")
     opt.load_state_dict(ts["optimizer"])
     set_rng_state(ts["rng"])
-    if os.path.exists(metrics_path) and rank == 0:  # keep the lines up to the checkpoint (a line cut short by a crash is dropped)
-        rows = [line for line in open(metrics_path) if _step_of(line) is not None and _step_of(line) <= ts["step"]]
+    if os.path.exists(metrics_path) and rank == 0:  # keep the lines written before the checkpoint (not one cut short)
+        rows = open(metrics_path).readlines()[:ts.get("log_lines")]
+        rows = [line for line in rows if _step_of(line) is not None and _step_of(line) <= ts["step"]]
         with open(metrics_path + ".part", "w") as f:
             f.writelines(rows)
         os.replace(metrics_path + ".part", metrics_path)
@@ -354,6 +355,9 @@ def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
     the old checkpoint or a complete new one, and --resume finishes an interrupted swap."""
     tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    # the log's length now: --resume drops what was logged after this checkpoint, a row of the same step included
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    trainer_state = {**trainer_state, "log_lines": sum(1 for _ in open(metrics_path)) if os.path.exists(metrics_path) else 0}
     samples_when_served(model)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)

@@ -196,6 +196,32 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     assert train_lines(b) == train_lines(a)
 
 
+def test_resume_after_a_crash_past_a_certificate_logs_it_once(tiny_model_dir, tmp_path, monkeypatch):
+    """A save step's certificate is logged after its checkpoint: a crash after it and --resume redo that
+    certificate, and the log holds each row once, in the order of an uninterrupted run."""
+    import rl
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3}', "--exploit", "2"]
+    run_rl(tiny_model_dir, a, 3, extra, env_dir=str(tmp_path))
+    real, calls = rl.sample_rollouts, []
+
+    def crash_in_the_third_rollout(*args, **kwargs):  # step 2's: after save(2) and the certificate of step 2
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(rl, "sample_rollouts", crash_in_the_third_rollout)
+    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", tiny_model_dir, "--batch", "8", "--group", "4", "--steps", "3",
+                                      "--max_new_tokens", "6", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
+                                      "--out", b, "--device", "cpu", *extra])
+    with pytest.raises(RuntimeError, match="killed"):
+        rl.main()
+    run_rl(tiny_model_dir, b, 3, extra + ["--resume"], env_dir=str(tmp_path))
+    kinds = lambda out: [(json.loads(line)["step"], "certify_lines" in line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert kinds(b) == kinds(a)
+    assert [step for step, certificate in kinds(a) if certificate] == [0, 2, 3]
+
+
 @pytest.mark.parametrize("where, knob", [("rollout", "--gen_batch"), ("update", "--token_budget")])
 def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch, where, knob):
     import rl
