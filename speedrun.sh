@@ -33,7 +33,8 @@ if [ "$TEACHER" = "rules" ]; then
   OPENING=0
   SFT_STEPS=${SFT_STEPS:-1000}
   RL_STEPS=${RL_STEPS:-300}
-  TEACHER_FLAGS="--teacher rules --keep all"
+  TEACHER_FLAGS="--teacher rules"
+  KEEP=all
   N_GAMES=8000  # one pass over them in 1,000 steps
   RL_LR=2e-4
   TEACHER_EVAL="rules"
@@ -42,6 +43,7 @@ elif [ "$TEACHER" = "minimax" ]; then
   SFT_STEPS=${SFT_STEPS:-2200}
   RL_STEPS=${RL_STEPS:-45}  # ~8-11 s a step on 2 cores (games start up to OPENING rounds in, as in SFT)
   TEACHER_FLAGS="--teacher minimax --teacher_random_prob $TEACHER_P"
+  KEEP=not_lost  # the teacher's lost games are dropped
   N_GAMES=24000
   RL_LR=5e-5
   TEACHER_EVAL="minimax --random_move_prob $TEACHER_P"
@@ -65,7 +67,7 @@ else
   RL="--batch 64 --group 8 --steps $RL_STEPS --lr $RL_LR --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
-SFT="$SFT --seed $SEED"
+SFT="$SFT --keep $KEEP --seed $SEED"
 RL="$RL --seed $SEED"
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}

@@ -24,7 +24,8 @@ def test_quick_speedrun(tmp_path, teacher):
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
     assert "| RL model (step " in report and "Certificate" in report and "| mistaken decisions |" in report
-    assert f"python sft.py --model scratch --teacher {teacher} " in report
+    keep = "all" if teacher == "rules" else "not_lost"  # the report's commands are the ones the run ran
+    assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
     replies = [m["content"] for line in open(os.path.join(out, "sft", "data.jsonl"))
                for m in json.loads(line)["messages"] if m["role"] == "assistant"]
     if teacher == "rules":  # the format and legal moves, nothing strategic; every game kept, none starts in mid-game
