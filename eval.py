@@ -140,6 +140,9 @@ def certify(env, policy, out=None, progress=True):
     frontier = [new_episode(env, {**ex, "model_first": True, "replies": {}})]
     frontier += [new_episode(env, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
     lines, decisions, optimal, mistakes = [], 0, 0, []
+    # what each position demands: a win to take, else a threat to block, else a quiet move (forks are made or
+    # stopped there); for each kind, how many positions and how many the policy got right
+    demands = {"win": [0, 0], "block": [0, 0], "quiet": [0, 0]}
     while frontier:
         replies = policy(frontier)
         nxt = []
@@ -149,6 +152,10 @@ def certify(env, policy, out=None, progress=True):
             best = ttt.best_moves(board, "X")
             decisions += 1
             optimal += cell in best
+            wins, blocks = ttt.threats(board, "X"), ttt.threats(board, "O")
+            kind, right = ("win", wins) if wins else ("block", blocks) if blocks else ("quiet", best)
+            demands[kind][0] += 1
+            demands[kind][1] += cell in right
             before = ttt.value(board, "X")
             line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
             if cell is None:
@@ -176,7 +183,9 @@ def certify(env, policy, out=None, progress=True):
     won = sum(r["metrics"]["win"] for r in lines)
     drawn = sum(r["metrics"]["draw"] for r in lines)
     summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn), "lines_lost": int(len(lines) - won - drawn),
-               "decisions": decisions, "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes)}
+               "decisions": decisions, "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes),
+               "win_positions": demands["win"][0], "wins_taken": demands["win"][1], "block_positions": demands["block"][0],
+               "threats_blocked": demands["block"][1], "quiet_positions": demands["quiet"][0], "quiet_optimal": demands["quiet"][1]}
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "summary.json"), "w") as f:
@@ -216,11 +225,13 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args):
         for o in ("random", "optimal"):
             s = res[w][o]
             rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
-    cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves |", "|---|---|---|---|---|---|---|"]
+    cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves | wins taken | threats blocked | "
+            "other moves optimal |", "|---|---|---|---|---|---|---|---|---|---|"]
     for w in ("teacher", "sft", "rl"):
         c = res[w]["certificate"]
         cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | "
-                    f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} |")
+                    f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} | {c['wins_taken']} of "
+                    f"{c['win_positions']} | {c['threats_blocked']} of {c['block_positions']} | {c['quiet_optimal']} of {c['quiet_positions']} |")
     # where the RL model still errs: the certificate's positions (board row by row, X = the model)
     errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
     shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
@@ -238,6 +249,9 @@ Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with ev
 
 ## Certificate: the greedy policy against every opponent line (moving first and second)
 {nl.join(cert)}
+
+Each decision by what its position demands: a win to take (the model can complete a line at once), else a threat to
+block (the opponent could), else another move, optimal by minimax (where forks are made or stopped).
 
 {errors}
 {nl.join(shown)}

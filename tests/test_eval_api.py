@@ -370,6 +370,27 @@ def test_certificate(monkeypatch, tmp_path, capsys):
     assert env.opponent is None, "certify leaves the seeded opponent in place"
     assert rnd["lines_lost"] > 100 and len(mistakes) == rnd["mistakes"] > 0
     assert rnd["optimal_move_rate"] < 0.9
+    # each decision counted once by what its position demands; minimax gets every kind right
+    for c in (mm, rnd):
+        assert c["win_positions"] + c["block_positions"] + c["quiet_positions"] == c["decisions"]
+    assert mm["wins_taken"] == mm["win_positions"] > 0 and mm["threats_blocked"] == mm["block_positions"] > 0
+    assert mm["quiet_optimal"] == mm["quiet_positions"] > 0
+
+    import env_tictactoe as ttt
+
+    seen = {"win": 0, "block": 0, "forced block": 0}  # the policy's own count of the positions it is shown
+
+    def wins_never_blocks(episodes):  # completes a line when it can, else a cell that does not block, if one is free
+        def cell(b):
+            unblocking = [c for c in ttt.free_cells(b) if c not in ttt.threats(b, "O")]
+            seen["win"] += bool(ttt.threats(b, "X"))
+            seen["block"] += not ttt.threats(b, "X") and bool(ttt.threats(b, "O"))
+            seen["forced block"] += not ttt.threats(b, "X") and bool(ttt.threats(b, "O")) and not unblocking
+            return (ttt.threats(b, "X") or unblocking or ttt.free_cells(b))[0]
+        return [f"<think>x</think><move>{cell(ep['state']['board'])}</move>" for ep in episodes]
+    greedy, _ = eval_mod.certify(env, wins_never_blocks, progress=False)
+    assert greedy["wins_taken"] == greedy["win_positions"] == seen["win"] > 0
+    assert greedy["block_positions"] == seen["block"] > greedy["threats_blocked"] == seen["forced block"] > 0
     lost = read_jsonl(tmp_path / "rnd" / "lost_lines.jsonl")
     assert len(lost) == rnd["lines_lost"] and all(r["metrics"]["loss"] == 1.0 for r in lost)
     with pytest.raises(SystemExit, match="--temp 0"):
