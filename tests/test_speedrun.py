@@ -11,7 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("teacher", ["minimax", "rules"])
 def test_quick_speedrun(tmp_path, teacher):
     out = str(tmp_path / "run")
-    env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher}
+    # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules run passes one)
+    rl_flags = "--loss_agg sequence" if teacher == "rules" else ""
+    env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags}
     res = subprocess.run(["bash", "speedrun.sh"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = json.load(open(os.path.join(out, "results.json")))
@@ -36,6 +38,8 @@ def test_quick_speedrun(tmp_path, teacher):
     else:
         assert any("threatens" in r for r in replies)
     assert os.path.exists(os.path.join(out, "rl", "model.safetensors"))
+    loss_agg = json.load(open(os.path.join(out, "rl", "rl_args.json")))["loss_agg"]
+    assert loss_agg == ("sequence" if rl_flags else "token") and (rl_flags in report.split("python rl.py")[1].splitlines()[0])
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
     assert results["rl_step"] == best["step"] in (0, 2)
