@@ -323,23 +323,36 @@ class HFPolicy:
         every row's last token; padding columns write to the cache's spare last position and look at position 0.
         Returns the logits (B, V) of the first reply token and the decoding step."""
         device, B = self.model.device, len(episodes)
-        pending = [ep["ids"][ep["kv_len"]:] for ep in episodes]
-        ends = [ep["kv_len"] + len(p) for ep, p in zip(episodes, pending)]
+        ends = [len(ep["ids"]) for ep in episodes]
         span = -(-(max(ends) + self.max_new_tokens) // 64) * 64  # key positions a step attends: fixed for the turn
         cache.reserve(B, span, room=2 * (self.max_new_tokens + 64))  # grows about every other turn
-        W = max(map(len, pending))
-        ids = torch.full((B, W), self.pad_id, dtype=torch.long)  # (B, W)
-        pos = torch.zeros((B, W), dtype=torch.long)
-        write = torch.full((B, W), cache.capacity - 1, dtype=torch.long)
-        real = torch.zeros((B, W), dtype=torch.bool)
-        for b, (ep, new) in enumerate(zip(episodes, pending)):
-            ids[b, W - len(new):] = torch.tensor(new)
-            pos[b, W - len(new):] = write[b, W - len(new):] = torch.arange(ep["kv_len"], ends[b])
-            real[b, W - len(new):] = True
+        # new episodes with the same prompt (the rollouts of one example) are encoded once, their row then copied
+        # for each: the prefill is the turn's biggest forward, and a group shares it
+        first, source, unique = {}, [], []  # row b of the turn is row source[b] of the prefill
+        for b, ep in enumerate(episodes):
+            key = tuple(ep["ids"]) if ep["kv_len"] == 0 else b
+            if key not in first:
+                first[key] = len(unique)
+                unique.append(ep)
+            source.append(first[key])
+        pending = [ep["ids"][ep["kv_len"]:] for ep in unique]
+        U, W = len(unique), max(map(len, pending))
+        ids = torch.full((U, W), self.pad_id, dtype=torch.long)  # (U, W)
+        pos = torch.zeros((U, W), dtype=torch.long)
+        write = torch.full((U, W), cache.capacity - 1, dtype=torch.long)
+        real = torch.zeros((U, W), dtype=torch.bool)
+        for u, (ep, new) in enumerate(zip(unique, pending)):
+            ids[u, W - len(new):] = torch.tensor(new)
+            pos[u, W - len(new):] = write[u, W - len(new):] = torch.arange(ep["kv_len"], len(ep["ids"]))
+            real[u, W - len(new):] = True
         pos, real = pos.to(device), real.to(device)
-        cache.write, cache.span, cache.lengths = write.to(device), span, torch.tensor(ends, device=device)
+        cache.write, cache.span = write.to(device), span
         logits = self.model(input_ids=ids.to(device), position_ids=pos, attention_mask=self._masks(pos, real, span),
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
+        if U < B:
+            cache.gather(source)
+            logits = logits[torch.tensor(source, device=device)]  # (B, V)
+        cache.lengths = torch.tensor(ends, device=device)
         token_in, real1 = torch.zeros((B, 1), dtype=torch.long, device=device), torch.ones((B, 1), dtype=torch.bool, device=device)
 
         def step(tokens):  # (B,) -> logits (B, V): one token per row at the row's end; no host sync, fixed shapes

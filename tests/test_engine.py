@@ -114,11 +114,15 @@ def test_row_cache_equals_reencoding(arch, short_env):
 
 
 def test_sampled_logprobs_are_the_tempered_model(arch, short_env):
-    """At temperature 1.3 the recorded logprob of every sampled token is log softmax(logits / 1.3) of the replay."""
+    """At temperature 1.3 the recorded logprob of every sampled token is log softmax(logits / 1.3) of the replay.
+    Three rollouts of each example in batches of 4: on the RowCache a batch encodes each prompt once and copies its
+    row, and the copies must go on as episodes of their own."""
     name, model, tok = arch
     torch.manual_seed(0)
     policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.3, max_new_tokens=12, batch_size=4)
-    recs = rollout(short_env, short_env.examples(4, seed=6), policy, progress=False)
+    recs = rollout(short_env, short_env.examples(4, seed=6), policy, group=3, progress=False)
+    replies = lambda rec: [t for t, m in zip(rec["ids"], rec["mask"]) if m]
+    assert any(len({tuple(replies(r)) for r in recs[i:i + 3]}) > 1 for i in range(0, 12, 3)), "the rollouts differ"
     for rec in recs:
         want = torch.log_softmax(replay_logits(model, rec["ids"]) / 1.3, -1)
         pos = torch.tensor([t for t, m in enumerate(rec["mask"]) if m])
