@@ -18,7 +18,8 @@ A policy maps a batch of unfinished episodes to one reply each. Three kinds shar
   ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax).
 
 The engine, and why not generate(): a rollout batch keeps ONE preallocated KV cache (RowCache) in which each
-episode has its own row for the whole game. A turn writes only each row's new tokens at that row's end (the
+episode has its own row for the whole game (a prompt shared by a group's rollouts is encoded once, its row copied
+for each). A turn writes only each row's new tokens at that row's end (the
 environment's message) and decodes from there; finished episodes leave at turn boundaries. A decoding step is one
 forward of the HF model and the sampling, and on a GPU that step is captured once per turn as a CUDA graph, so
 the per-token cost is the kernels, not Python. generate() could not do this: it takes one cache per call with
