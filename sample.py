@@ -19,14 +19,14 @@ A policy maps a batch of unfinished episodes to one reply each. Three kinds shar
 
 The engine, and why not generate(): a rollout batch keeps ONE preallocated KV cache (RowCache) in which each
 episode has its own row for the whole game (a prompt shared by a group's rollouts is encoded once, its row copied
-for each). A turn writes only each row's new tokens at that row's end (the
-environment's message) and decodes from there; finished episodes leave at turn boundaries. A decoding step is one
-forward of the HF model and the sampling, and on a GPU that step is captured once per turn as a CUDA graph, so
-the per-token cost is the kernels, not Python. generate() could not do this: it takes one cache per call with
-the rows left-padded to a common length, so continuing a game meant re-stacking every episode's cache each turn
-(two copies of it at once), and it pays its per-token Python and launch overhead at every step. Models with
-recurrent layers (LFM2's convolutions, Qwen3.5's linear attention), whose state a padded write would disturb,
-re-encode the conversation each turn through the model's own cache, on the same decoding loop.
+for each). A turn writes only each row's new tokens at that row's end (the environment's message) and decodes from
+there; finished episodes leave at turn boundaries. A decoding step is one forward of the HF model and the sampling,
+and on a GPU that step is captured once per turn as a CUDA graph, so the per-token cost is the kernels, not Python.
+generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
+continuing a game meant re-stacking every episode's cache each turn (two copies of it at once), and it pays its
+per-token Python and launch overhead at every step. Models with recurrent layers (LFM2's convolutions, Qwen3.5's
+linear attention), whose state a padded write would disturb, re-encode the conversation each turn through the
+model's own cache, on the same decoding loop.
 
 Sampling is inverse-CDF with one uniform number per token, drawn from a generator seeded by (seed, episode number,
 rollout, turn): an episode's tokens do not depend on which episodes share its batch, so --gen_batch, the order of
