@@ -45,8 +45,8 @@ Simplifications, on purpose:
     (no per-turn credit assignment, no value function, no discount);
   - no KL penalty unless --beta > 0 (then a frozen reference copy is loaded), no entropy bonus;
   - generation on the training weights by sample.py's own decoding loop over the HF model (no vLLM, no async, no
-    paged attention): each rollout batch keeps one KV cache with a row per episode for the whole game; rollouts
-    of a group do not share their prompt's cache;
+    paged attention): each rollout batch keeps one KV cache with a row per episode for the whole game; a group's
+    rollouts share their prompt's encoding, then each goes on in its own row;
   - episodes whose advantage is 0 (e.g. groups whose rewards are all equal) are skipped in the backward
     pass (they carry no gradient) but still count in the token normalisation.
 Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.png (if matplotlib is
