@@ -20,8 +20,6 @@ One step, in the order of this file:
      an episode's sampling draws are keyed by (--seed, its number in the run, its rollout, turn), not by the
      batch it is sampled in, so the rollouts are the same whatever --gen_batch or the number of ranks;
   2. group advantages: A = R - mean(R of its group)  (--scale_rewards group: / std of the group, as in GRPO);
-     with --credit tree, a multi-turn episode's A is split over its replies by the group's tree of rollouts
-     (tree_advantages: each reply gets the change in the mean reward of the rollouts that shared its history);
   3. the loss on the sampled tokens only (the trajectory `mask`), recomputed from the exact token ids of the
      rollouts (the batch's common prefix, the system prompt, runs once: common.decoder_hidden), logits divided
      by the sampling temperature so the logprobs describe the sampled distribution;
@@ -43,8 +41,8 @@ Simplifications, on purpose:
   - on-policy by default: with one optimizer step per batch the "old" logprobs are the current ones, r = 1,
     and both losses reduce to REINFORCE with a group-mean baseline; the clip only acts with several updates
     per batch (old logprobs are then recomputed by a no-grad pass before the first update);
-  - one advantage per episode by default: every token the model sampled in a multi-turn game gets the game's
-    advantage (--credit tree: per reply, from the group's own rollouts; no value function, no discount either way);
+  - one advantage per episode: every token the model sampled in a multi-turn game gets the game's advantage
+    (no per-turn credit assignment, no value function, no discount);
   - no KL penalty unless --beta > 0 (then a frozen reference copy is loaded), no entropy bonus;
   - generation on the training weights by sample.py's own decoding loop over the HF model (no vLLM, no async, no
     paged attention): each rollout batch keeps one KV cache with a row per episode for the whole game; a group's
@@ -115,51 +113,6 @@ def group_advantages(rewards, group, scale_rewards="none"):
     return adv.flatten()  # (B,)
 
 
-def reply_lengths(mask):
-    """Tokens of each reply of an episode: the runs of mask == 1 (the sampled tokens)."""
-    lengths, run = [], 0
-    for m in list(mask) + [0]:
-        if m:
-            run += 1
-        elif run:
-            lengths.append(run)
-            run = 0
-    return lengths
-
-
-def tree_advantages(records, group, scale_rewards="none"):
-    """--credit tree: one advantage per reply, from the group's own rollouts, no extra sampling and no critic.
-
-    The rollouts of a group form a tree: a node is what the environment has said so far (the messages before a
-    reply), and two rollouts share a node until their replies make the environment answer differently (in
-    tic-tac-toe: different moves). V(node) = the mean reward of the group's rollouts through it; after an episode's
-    last reply the node is its own (V = its reward). A reply's advantage is V(node after it) - V(node before it):
-    a reply that every rollout through its node makes alike gets 0, and the credit goes to the replies where the
-    rollouts parted. The replies' advantages of an episode sum to its game advantage R - mean(R of its group)
-    (--scale_rewards group: both divided by the group's reward std, as in group_advantages)."""
-    out = []
-    for start in range(0, len(records), group):
-        recs = records[start:start + group]
-        paths = []  # per rollout: the node before each of its replies, then its own end
-        for j, rec in enumerate(recs):
-            told, path = [], []
-            for m in rec["messages"]:
-                if m["role"] == "assistant":
-                    path.append(tuple(told))
-                else:
-                    told.append((m["role"], m["content"]))
-            paths.append(path + [("end", j)])
-        through = {}
-        for path, rec in zip(paths, recs):
-            for node in path:
-                through.setdefault(node, []).append(rec["reward"])
-        value = {node: sum(rewards) / len(rewards) for node, rewards in through.items()}
-        rewards = torch.tensor([rec["reward"] for rec in recs], dtype=torch.float)
-        scale = rewards.std().item() + 1e-4 if scale_rewards == "group" else 1.0
-        out += [[(value[after] - value[before]) / scale for before, after in zip(path, path[1:])] for path in paths]
-    return out
-
-
 # ----------------------------------------------------------------------------- 3. the loss
 
 
@@ -207,8 +160,7 @@ def loss_weights(n_tokens, loss_agg, batch_tokens, batch_episodes):
 
 
 def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=None):
-    """The optimizer step(s) of one batch. records: rollouts with ids/mask/logprobs; adv: (len(records),) advantages,
-    one per episode, or (--credit tree) a list per episode of one advantage per reply.
+    """The optimizer step(s) of one batch. records: rollouts with ids/mask/logprobs; adv: (len(records),) advantages.
     Under torchrun, `records` are episodes first .. first + len(records) - 1 of the step's `batch`; each optimizer
     step sums the ranks' gradients (common.sum_gradients) and every rank takes the same step.
 
@@ -218,12 +170,7 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
     n_episodes, batch = len(records), batch or len(records)
     n_tokens = [sum(r["mask"][1:]) for r in records]  # loss tokens: position t predicts token t + 1
     weights = loss_weights(n_tokens, args.loss_agg, sum_over_ranks([sum(n_tokens)])[0], batch)
-    replies = [reply_lengths(r["mask"]) for r in records]  # loss tokens of each reply of each episode
-    per_reply = [a if isinstance(a, list) else [a] * len(n) for a, n in zip(adv.tolist() if torch.is_tensor(adv) else adv, replies)]
-    for a, n in zip(per_reply, replies):
-        if len(a) != len(n):
-            raise ValueError(f"{len(a)} advantages for an episode of {len(n)} sampled replies")
-    trained = [i for i in range(n_episodes) if n_tokens[i] and (any(per_reply[i]) or args.beta > 0)]  # the rest has no gradient
+    trained = [i for i in range(n_episodes) if n_tokens[i] and (adv[i] != 0 or args.beta > 0)]  # the rest has no gradient
     per_step = args.minibatch or batch
     minibatches = [[i for i in trained if lo <= first + i < lo + per_step] for lo in range(0, batch, per_step)]
     several_steps = args.ppo_epochs > 1 or len(minibatches) > 1
@@ -234,9 +181,8 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
         for micro in token_microbatches([len(records[i]["ids"]) for i in episodes], args.token_budget):
             micro = [episodes[j] for j in micro]
             ids, mask = pad_batch(([records[i]["ids"] for i in micro], [records[i]["mask"] for i in micro]), 0, device)  # (B, T)
-            adv_tok = torch.cat([torch.full((n,), float(a)) for i in micro for a, n in zip(per_reply[i], replies[i])])  # (N,)
-            weight_tok = torch.cat([torch.full((n_tokens[i],), weights[i]) for i in micro])  # (N,)
-            yield micro, ids, mask, adv_tok.to(device), weight_tok.to(device)
+            per_token = lambda vals: torch.cat([torch.full((n_tokens[i],), float(vals[i])) for i in micro]).to(device)  # (N,)
+            yield micro, ids, mask, per_token(adv.tolist()), per_token(weights)
 
     before = {}  # episode -> (logprobs before any update, the reference's logprobs), from a no-grad pass
     if several_steps or args.beta > 0:
@@ -301,7 +247,15 @@ def batch_metrics(records, env):
     for k in records[0].get("metrics", {}):
         if not k.startswith("n_"):
             out[k] = sum(r["metrics"][k] for r in records) / n
-    lengths = [n for r in records for n in reply_lengths(r["mask"])]
+    lengths = []  # tokens of each reply: runs of mask == 1
+    for r in records:
+        run = 0
+        for m in r["mask"] + [0]:
+            if m:
+                run += 1
+            elif run:
+                lengths.append(run)
+                run = 0
     out["reply_len"] = sum(lengths) / max(len(lengths), 1)
     out["reply_len_max"] = max(lengths, default=0)
     out["truncated"] = sum(r.get("truncated", 0) for r in records) / max(len(lengths), 1)
@@ -367,9 +321,6 @@ def parse_args(argv=None):
     p.add_argument("--eps_low", type=float, default=None, help="lower clip 1-eps_low (grpo default 0.2; cispo: none unless set)")
     p.add_argument("--eps_high", type=float, default=0.2, help="upper clip 1+eps_high (0.28 = DAPO clip-higher)")
     p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the frozen initial model (0: no reference loaded)")
-    p.add_argument("--credit", choices=["game", "tree"], default="game", help="game: every reply of an episode gets its "
-                   "game's advantage; tree: each reply gets the change it made in the mean reward of the group's rollouts "
-                   "that were told the same so far (per-decision credit; see tree_advantages)")
     p.add_argument("--scale_rewards", choices=["none", "group"], default="none", help="group: divide advantages by the group's reward std")
     p.add_argument("--ppo_epochs", type=int, default=1, help="passes over each batch")
     p.add_argument("--minibatch", type=int, default=0, help="episodes per optimizer step (0: the whole batch)")
@@ -497,14 +448,8 @@ def main():
         tokens0 = policy.gen_tokens
         records = sample_rollouts(env, examples, policy, args.group, step * n_examples + first)
         t_gen = time.time() - t0
-        # 2. advantages: each episode's reward minus the mean of its example's group (a group is never split);
-        # --credit tree: per reply, from the group's tree of rollouts
-        if args.credit == "tree":
-            adv = tree_advantages(records, args.group, args.scale_rewards)
-            zero_adv = [not any(a) for a in adv]
-        else:
-            adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)  # (episodes of this rank,)
-            zero_adv = (adv == 0).tolist()
+        # 2. advantages: each episode's reward minus the mean of its example's group (a group is never split)
+        adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)  # (episodes of this rank,)
         # 3-4. the loss on the sampled tokens, and the optimizer step(s)
         lr = lr_at(step, args.lr, args.warmup, args.steps, args.schedule)
         for g in opt.param_groups:
@@ -521,7 +466,7 @@ def main():
         bad_steps = bad_steps + 1 if stats["skipped"] else 0
         # the step's metrics over the whole batch: every rank's episodes, in the order one process would have them
         shares = gather_from_ranks(([{k: r[k] for k in ("reward", "rewards", "metrics", "mask", "truncated")} for r in records],
-                                    zero_adv, policy.gen_tokens - tokens0))
+                                    (adv == 0).tolist(), policy.gen_tokens - tokens0))
         m = batch_metrics([r for share in shares for r in share[0]], env)
         m.update(entropy=stats["entropy"], clip_frac=stats["clip_frac"], grad_norm=stats["grad_norm"], lr=lr,
                  logp_mismatch=stats["logp_mismatch"], zero_adv=sum(z for share in shares for z in share[1]) / args.batch,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rl
-from rl import group_advantages, loss_weights, tree_advantages, update
+from rl import group_advantages, loss_weights, update
 from common import load_model
 from sample import HFPolicy, rollout
 
@@ -73,32 +73,6 @@ def test_group_advantages_follow_rollout_records():
     adv = group_advantages([r["reward"] for r in records], 4)
     for rec, a in zip(records, adv.tolist()):
         assert a == pytest.approx(rec["rollout"] - 1.5), (rec["index"], rec["rollout"], a)
-
-
-def test_tree_advantages_by_hand():
-    """Four rollouts of one example: 0 and 1 are told "A" after their first reply, 2 is told "B", 3's game ends
-    after one reply. V(start) = mean(1, 0, 0.5, 0.3) = 0.45, V(A) = 0.5, V(B) = 0.5; a reply's advantage is V after
-    it minus V before it, an episode's last reply ending in its own reward."""
-    def episode(said, reward):
-        msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}, {"role": "assistant", "content": "x"}]
-        if said:
-            msgs += [{"role": "user", "content": said}, {"role": "assistant", "content": "y"}]
-        return {"messages": msgs, "reward": reward}
-    records = [episode("A", 1.0), episode("A", 0.0), episode("B", 0.5), episode(None, 0.3)]
-    adv = tree_advantages(records * 2, 4)  # two groups: each is its own tree
-    want = [[0.05, 0.5], [0.05, -0.5], [0.05, 0.0], [-0.15]]
-    assert len(adv) == 8
-    for got, w in zip(adv, want * 2):
-        assert got == pytest.approx(w)
-    # the replies' advantages of an episode add up to its game advantage, scaled or not
-    for scale in ("none", "group"):
-        for got, whole in zip(tree_advantages(records, 4, scale), group_advantages([r["reward"] for r in records], 4, scale)):
-            assert sum(got) == pytest.approx(whole.item(), abs=1e-6)
-    # replies that differ in text but not in what the environment answers share the node: the tool or user message
-    # decides, not the reply
-    records[1]["messages"][2]["content"] = "another reply, the same move"
-    for got, w in zip(tree_advantages(records, 4), want):
-        assert got == pytest.approx(w)
 
 
 # ----------------------------------------------------------------------------- update() against a hand-built batch
@@ -167,7 +141,7 @@ def reference_grads(model, records, adv, weights, episodes, args, old=None, ref_
     for i in episodes:
         logp = episode_logp(model, records[i], args.temp)
         r = torch.exp(logp - (old[i] if old is not None else logp.detach()))
-        a = T(adv[i]) if isinstance(adv[i], list) else float(adv[i])  # a list: one advantage per loss token
+        a = float(adv[i])
         if args.loss == "cispo":
             per = -torch.clamp(r, max=1 + args.eps_high).detach() * a * logp
         else:
@@ -230,20 +204,6 @@ def test_update_minibatches_and_ppo_epochs(tiny_model_dir, torch_single_thread, 
                 p.copy_(q)
         # (grpo: in the last step every token may be clipped, and then its gradient is 0)
         assert_same_grads(opt.grads[k], reference_grads(reference, records, adv, [1 / 14] * 4, episodes, args, old=old), nonzero=k < 2)
-
-
-def test_update_per_reply_advantages(tiny_model_dir, torch_single_thread):
-    """--credit tree: one advantage per reply (per run of loss tokens) reaches exactly that reply's tokens."""
-    model = fresh(tiny_model_dir)
-    records, _ = hand_batch()  # replies of (2), (1, 2), (2, 3), (2, 2) loss tokens
-    adv = [[1.0], [0.5, -1.0], [2.0, -0.25], [0.0, 0.0]]
-    per_token = [[1.0, 1.0], [0.5, -1.0, -1.0], [2.0, 2.0, -0.25, -0.25, -0.25], [0.0] * 4]
-    args = make_args()
-    opt = Recorder(model.parameters(), lr=0.0)
-    update(model, records, adv, args, opt, NO_AMP)
-    assert_same_grads(opt.grads[0], reference_grads(model, records, per_token, [1 / 14] * 4, range(3), args))
-    with pytest.raises(ValueError, match="2 advantages for an episode of 1 sampled replies"):
-        update(model, records, [[1.0, 2.0]] + adv[1:], args, opt, NO_AMP)
 
 
 def test_update_kl_to_the_reference_model(tiny_model_dir, torch_single_thread):
