@@ -176,8 +176,13 @@ def explain(board, cell, player):
     complete a line now, then why this cell."""
     if len(free_cells(board)) == 1:  # its own words: a student that began "I take a corner" had no corner left
         return f"Only cell {cell} is free."
+    return f"{wins_check(board, player)} {_reason(board, cell, player)}"
+
+
+def wins_check(board, player):
+    """Where each side could complete a line now: 'Wins: me 7, opponent none.'"""
     mine, theirs = (" ".join(map(str, threats(board, p))) or "none" for p in (player, other(player)))
-    return f"Wins: me {mine}, opponent {theirs}. {_reason(board, cell, player)}"
+    return f"Wins: me {mine}, opponent {theirs}."
 
 
 def _reason(board, cell, player):
@@ -354,12 +359,14 @@ class TicTacToe:
     def scripted_player(self, name, random_move_prob=0.0):
         """A reply function state -> str: 'random' or 'minimax' (playing randomly with random_move_prob), or
         'rules', a player that knows only the rules and the format: a random free cell, its <think> listing the
-        free cells and nothing strategic (a warm-up teacher that shows no strategy: docs/RANDOM_TEACHER.md).
+        free cells and nothing strategic (a warm-up teacher that shows no strategy: docs/RANDOM_TEACHER.md);
+        'rules_wins' plays the same random cell, its <think> first stating where each side could complete a line
+        now (`Wins: me 7, opponent none.`, a fact of the rules; what to do about it is left to RL).
         Random moves are seeded by (example seed, board), like the opponent's, so a baseline is reproducible;
         minimax's other moves depend on the board only: of `safe_moves`, the best `chance_vs_random`, then the
         first in PREFERENCE."""
-        if name not in ("random", "minimax", "rules"):
-            raise ValueError(f"unknown scripted player {name!r}: use 'random', 'minimax' or 'rules'")
+        if name not in ("random", "minimax", "rules", "rules_wins"):
+            raise ValueError(f"unknown scripted player {name!r}: use 'random', 'minimax', 'rules' or 'rules_wins'")
         p = random_move_prob if name == "minimax" else 1.0
 
         def reply(state):
@@ -369,8 +376,9 @@ class TicTacToe:
                 cell = rng.choice(free_cells(board))
             else:
                 cell = player_move(board)
-            if name == "rules":
-                return f"<think>Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.</think><move>{cell}</move>"
+            if name in ("rules", "rules_wins"):
+                check = f"{wins_check(board, 'X')} " if name == "rules_wins" else ""
+                return f"<think>{check}Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.</think><move>{cell}</move>"
             return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
         return reply
 

@@ -205,7 +205,7 @@ def certify(env, policy, out=None, progress=True):
 def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
     {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
-    probability teacher_p, or rules) and the other arguments name the run's recipe."""
+    probability teacher_p, rules or rules_wins) and the other arguments name the run's recipe."""
     import platform
     t_sft, t_rl, t_all = times or (None, None, None)
     load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
@@ -305,8 +305,8 @@ def main():
     p.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md and OUT/results.json from the "
                    "evaluations speedrun.sh left in OUT/eval (no model is loaded); with --times, --sft_args, --rl_args, "
                    "--teacher and --random_move_prob (the SFT teacher's) and --env_args (the evaluation's) naming the run")
-    p.add_argument("--teacher", choices=["minimax", "rules"], default="minimax", help="--report: the SFT teacher "
-                   "(speedrun.sh TEACHER): minimax with --random_move_prob, or rules (random legal moves)")
+    p.add_argument("--teacher", choices=["minimax", "rules", "rules_wins"], default="minimax", help="--report: the SFT "
+                   "teacher (speedrun.sh TEACHER): minimax with --random_move_prob, or rules / rules_wins (random legal moves)")
     p.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")

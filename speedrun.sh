@@ -5,6 +5,7 @@
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
 #   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
+#   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -20,24 +21,26 @@ OUT=${OUT:-out/speedrun}
 SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher's games, the RL examples
 # TEACHER=minimax: SFT copies a near-perfect player and RL fixes its last mistakes; TEACHER=rules: the teacher plays
 # a uniformly random legal move, its <think> listing the free cells, so SFT teaches the format and the rules and
-# RL has to find every bit of strategy (docs/RANDOM_TEACHER.md)
+# RL has to find every bit of strategy (docs/RANDOM_TEACHER.md); TEACHER=rules_wins: the same moves, its <think> first
+# stating where each side could complete a line now (`Wins: me 7, opponent none.`), which the student copies as it copies the
+# format, leaving to RL what to do about it
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT=${EXPLOIT:-5}
-if [ "$TEACHER" = "rules" ]; then
+if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
   OPENING=0
   SFT_STEPS=${SFT_STEPS:-1000}
   RL_STEPS=${RL_STEPS:-300}
-  TEACHER_FLAGS="--teacher rules"
+  TEACHER_FLAGS="--teacher $TEACHER"
   KEEP=all
   N_GAMES=8000  # one pass over them in 1,000 steps
   RL_LR=2e-4
-  TEACHER_EVAL="rules"
+  TEACHER_EVAL="$TEACHER"
 elif [ "$TEACHER" = "minimax" ]; then
   OPENING=${OPENING:-3}
   SFT_STEPS=${SFT_STEPS:-2200}
@@ -48,7 +51,7 @@ elif [ "$TEACHER" = "minimax" ]; then
   RL_LR=5e-5
   TEACHER_EVAL="minimax --random_move_prob $TEACHER_P"
 else
-  echo "TEACHER=$TEACHER: use minimax or rules" >&2
+  echo "TEACHER=$TEACHER: use minimax, rules or rules_wins" >&2
   exit 2
 fi
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board

@@ -846,6 +846,26 @@ def test_rules_player_knows_the_format_and_the_rules_only():
     assert wins_possible > 100 and wins_taken / wins_possible < 0.5  # minimax would take every one
 
 
+def test_rules_wins_player_states_the_wins_and_plays_the_rules_players_move():
+    """'rules_wins' (speedrun.sh TEACHER=rules_wins): the 'rules' player's move and think, after a true statement of
+    where each side could complete a line now; no more strategy than 'rules' (the same random cell)."""
+    env = ttt.load_environment(show_cells=True)
+    rules, rules_wins = env.scripted_player("rules"), env.scripted_player("rules_wins")
+    seen = set()
+    for ex in env.examples(100, seed=4):
+        state, _ = env.reset(ex)
+        while not state["done"]:
+            board, reply = state["board"], rules_wins(state)
+            m = re.fullmatch(r"<think>Wins: me ([0-8 ]+|none), opponent ([0-8 ]+|none)\. (Free cells: .*)", reply)
+            assert m, reply
+            listed = [[] if g == "none" else [int(c) for c in g.split()] for g in m.group(1, 2)]
+            assert listed == [ttt.threats(board, "X"), ttt.threats(board, "O")]
+            assert "<think>" + m.group(3) == rules(state)  # the same free cells and the same random move
+            seen.add((bool(listed[0]), bool(listed[1])))
+            env.step(state, reply)
+    assert seen == {(False, False), (True, False), (False, True), (True, True)}
+
+
 def test_unknown_scripted_player():
     with pytest.raises(ValueError, match="perfect"):
         ttt.load_environment().scripted_player("perfect")
