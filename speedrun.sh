@@ -34,11 +34,12 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
   OPENING=0
-  SFT_STEPS=${SFT_STEPS:-1000}
+  # rules_wins: more SFT, for the student to state the wins right; a longer think, so a higher token limit per reply
+  if [ "$TEACHER" = "rules" ]; then SFT_STEPS=${SFT_STEPS:-1000}; MAX_NEW=48; else SFT_STEPS=${SFT_STEPS:-2200}; MAX_NEW=64; fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
   KEEP=all
-  N_GAMES=8000  # one pass over them in 1,000 steps
+  N_GAMES=$((SFT_STEPS * 8))  # one pass over them
   RL_LR=2e-4
   TEACHER_EVAL="$TEACHER"
 elif [ "$TEACHER" = "minimax" ]; then
@@ -50,6 +51,7 @@ elif [ "$TEACHER" = "minimax" ]; then
   N_GAMES=24000
   RL_LR=5e-5
   TEACHER_EVAL="minimax --random_move_prob $TEACHER_P"
+  MAX_NEW=48  # tokens per reply: the longest think is about 40
 else
   echo "TEACHER=$TEACHER: use minimax, rules or rules_wins" >&2
   exit 2
@@ -67,7 +69,7 @@ if [ "${QUICK:-0}" = "1" ]; then
   N_EVAL=${N_EVAL:-8}
 else
   SFT="--n_games $N_GAMES --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
-  RL="--batch 64 --group 8 --steps $RL_STEPS --lr $RL_LR --warmup 3 --temp 1.0 --max_new_tokens 48 --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
+  RL="--batch 64 --group 8 --steps $RL_STEPS --lr $RL_LR --warmup 3 --temp 1.0 --max_new_tokens $MAX_NEW --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
 SFT="$SFT --keep $KEEP --seed $SEED"
@@ -92,7 +94,7 @@ for who in teacher sft rl; do
   # the RL model: the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)
   if [ $who = rl ] && [ -d "$OUT/rl_best" ]; then M="$OUT/rl_best"; fi
   # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
-  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens 48 --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
+  python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens $MAX_NEW --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
     | grep -v "^certify: "
 done
 T_ALL=$SECONDS
