@@ -209,6 +209,15 @@ def is_well_formed(reply):
     return FORMAT_RE.fullmatch(reply) is not None
 
 
+CHECK_RE = re.compile(r"<think>Wins: me ([0-8](?: [0-8])*|none), opponent ([0-8](?: [0-8])*|none)\.")
+
+
+def states_the_wins(reply, board):
+    """Does the reply's <think> begin with a true `Wins: me A, opponent B.` for X on `board` (wins_check's words)?"""
+    m = CHECK_RE.match(reply.lstrip())
+    return m is not None and m.group(0)[len("<think>"):] == wins_check(board, "X")
+
+
 def parse_move(reply, board):
     """(cell, None) for a legal move, else (None, reason) — never raises, whatever the reply."""
     if reply.count("<move>") > 1:  # checked first: findall over many unclosed tags would be quadratic
@@ -247,7 +256,7 @@ class TicTacToe:
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", opponent=None):
+                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -261,12 +270,16 @@ class TicTacToe:
                 ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
                 ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
                 ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
-                ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"')]:
+                ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
+                ("check_reward", check_reward, number(check_reward) and 0 <= check_reward < float("inf"), "a number >= 0")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         self.opening_player, self.replay_from = opening_player, replay_from
+        self.check_reward = check_reward
+        if check_reward:  # an instance's weights: the class's are every other game's
+            self.reward_weights = {**TicTacToe.reward_weights, "check": check_reward}
         # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
         # None: an example's "replies" where they name the board (a replayed line), else `opponent_move`
         self.opponent = opponent
@@ -290,7 +303,7 @@ class TicTacToe:
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
-                 "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
+                 "turns": 0, "well_formed": 0, "true_checks": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         if "position" in example:
@@ -326,6 +339,7 @@ class TicTacToe:
         reply = reply if isinstance(reply, str) else str(reply)
         state["turns"] += 1
         state["well_formed"] += is_well_formed(reply)
+        state["true_checks"] += states_the_wins(reply, state["board"])
         cell, why = parse_move(reply, state["board"])
         if cell is None:
             state["invalid_moves"] += 1
@@ -345,9 +359,12 @@ class TicTacToe:
 
     def rewards(self, state):
         result = state["winner"]
-        return {"win": 1.0 if result == "X" else 0.5 if result == "draw" else 0.0,
-                "format": state["well_formed"] / max(state["turns"], 1),
-                "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
+        rewards = {"win": 1.0 if result == "X" else 0.5 if result == "draw" else 0.0,
+                   "format": state["well_formed"] / max(state["turns"], 1),
+                   "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
+        if self.check_reward:
+            rewards["check"] = state["true_checks"] / max(state["turns"], 1)
+        return rewards
 
     def metrics(self, state):
         """Per-episode metrics: indicators/fractions become `<name>_rate` in an evaluation, `n_<name>` a mean."""
@@ -432,7 +449,8 @@ class TicTacToe:
 
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                     show_cells=False, opening=0, opening_player="minimax", replay_from="start", opponent=None):
+                     show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
+                     opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -445,7 +463,10 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     no strategy, for the rules teacher); replay_from: where rl.py --exploit's replays start, "start" (the empty
     board, the line's replies scripting the opponent) or "mistake" (the position of the mistake, its moves listed
     as an opening's: every rollout makes that decision; the model must know the opening message, from SFT with
-    opening > 0); opponent: a function state -> cell that replaces the seeded opponent (not from --env_args:
+    opening > 0); check_reward: the weight of a reward component "check", the share of the model's replies whose
+    <think> begins with a true statement of where each side could complete a line (`Wins: me 7, opponent none.`,
+    as the rules_wins teacher writes it): a verifiable fact of the rules, so RL is not left to rewrite it as it
+    rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); opponent: a function state -> cell that replaces the seeded opponent (not from --env_args:
     sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opening_player, replay_from, opponent)
+                     opening_player, replay_from, check_reward, opponent)

@@ -866,6 +866,39 @@ def test_rules_wins_player_states_the_wins_and_plays_the_rules_players_move():
     assert seen == {(False, False), (True, False), (False, True), (True, True)}
 
 
+def test_check_reward_scores_the_true_wins_statements_only():
+    """check_reward: the share of replies whose <think> begins with the true `Wins:` statement, weighted into the
+    total; off (no "check" component, the class's weights) by default."""
+    board = "XX.OO...."  # X wins at 2, O at 5
+    assert ttt.states_the_wins("<think>Wins: me 2, opponent 5. Free cells: 2 5 6 7 8. I take cell 2.</think><move>2</move>", board)
+    for wrong in ("<think>Wins: me none, opponent 5. I block.</think><move>5</move>",   # a win missed
+                  "<think>Wins: me 2 5, opponent 5.</think><move>2</move>",            # one too many
+                  "<think>Wins: me 5, opponent 2.</think><move>2</move>",              # the sides swapped
+                  "<think>I take cell 2. Wins: me 2, opponent 5.</think><move>2</move>",  # not where it begins
+                  "Wins: me 2, opponent 5.<move>2</move>"):
+        assert not ttt.states_the_wins(wrong, board), wrong
+    env = ttt.load_environment(show_cells=True, check_reward=0.5)
+    assert env.reward_weights["check"] == 0.5 and "check" not in ttt.load_environment().reward_weights
+    rules_wins, none = env.scripted_player("rules_wins"), "Wins: me none, opponent none."
+    lies = 0
+    for example in env.examples(20, seed=5):
+        state, _ = env.reset(example)
+        replies = true = 0
+        while not state["done"]:
+            reply = rules_wins(state)
+            if replies % 2:  # every other reply states no wins at all, true only where neither side has one
+                true += ttt.wins_check(state["board"], "X") == none
+                lies += ttt.wins_check(state["board"], "X") != none
+                reply = reply.replace("Wins:", f"{none} Was:")
+            else:
+                true += 1
+            env.step(state, reply)
+            replies += 1
+        assert env.rewards(state)["check"] == pytest.approx(true / replies)
+    assert lies > 5
+    assert "check" not in ttt.load_environment(show_cells=True).rewards(state)
+
+
 def test_unknown_scripted_player():
     with pytest.raises(ValueError, match="perfect"):
         ttt.load_environment().scripted_player("perfect")
