@@ -216,6 +216,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args):
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2)
+    max_new = json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["max_new_tokens"]
     teacher_flags = f"--teacher minimax --teacher_random_prob {teacher_p}" if teacher == "minimax" else f"--teacher {teacher}"
     name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
                        f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
@@ -259,7 +260,7 @@ block (the opponent could), else another move, optimal by minimax (where forks a
 ## Commands
     python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
     python rl.py --model {out}/sft {rl_args} --out {out}/rl
-    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens 48 --env_args '{env_args}' --out {out}/eval/WHO
+    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {out}/rl/curves.png
 """

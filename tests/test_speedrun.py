@@ -27,6 +27,7 @@ def test_quick_speedrun(tmp_path, teacher):
     report = open(os.path.join(out, "report.md")).read()
     assert "| RL model (step " in report and "Certificate" in report and "| mistaken decisions |" in report
     keep = "all" if teacher == "rules" else "not_lost"  # the report's commands are the ones the run ran
+    assert "--certify -n 8 --temp 0 --max_new_tokens 48 --env_args" in report
     assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
     replies = [m["content"] for line in open(os.path.join(out, "sft", "data.jsonl"))
                for m in json.loads(line)["messages"] if m["role"] == "assistant"]
