@@ -23,19 +23,22 @@ SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher'
 # a uniformly random legal move, its <think> listing the free cells, so SFT teaches the format and the rules and
 # RL has to find every bit of strategy (docs/RANDOM_TEACHER.md); TEACHER=rules_wins: the same moves, its <think> first
 # stating where each side could complete a line now (`Wins: me 7, opponent none.`), which the student copies as it copies the
-# format, leaving to RL what to do about it
+# format, leaving to RL what to do about it (it did no better: docs/RANDOM_TEACHER.md)
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT=${EXPLOIT:-5}
+RL_REWARDS=""  # more reward components in RL's environment
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
   OPENING=0
   # rules_wins: more SFT, for the student to state the wins right; a longer think, so a higher token limit per reply
   if [ "$TEACHER" = "rules" ]; then SFT_STEPS=${SFT_STEPS:-1000}; MAX_NEW=48; else SFT_STEPS=${SFT_STEPS:-2200}; MAX_NEW=64; fi
+  # rules_wins: RL left alone rewrites the wins check as `Wins: me none, opponent none.`; a reward for a true one keeps it
+  if [ "$TEACHER" = "rules_wins" ]; then RL_REWARDS=', "check_reward": 0.5'; fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
   KEEP=all
@@ -62,7 +65,7 @@ ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game 
 SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
-RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5}"
+RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
