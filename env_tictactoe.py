@@ -466,7 +466,7 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     opening > 0); check_reward: the weight of a reward component "check", the share of the model's replies whose
     <think> begins with a true statement of where each side could complete a line (`Wins: me 7, opponent none.`,
     as the rules_wins teacher writes it): a verifiable fact of the rules, so RL is not left to rewrite it as it
-    rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); opponent: a function state -> cell that replaces the seeded opponent (not from --env_args:
-    sample.py --play and tests pass one)."""
+    rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); opponent: a function state -> cell that
+    replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, opponent)
