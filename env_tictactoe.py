@@ -256,7 +256,7 @@ class TicTacToe:
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0, opponent=None):
+                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0, loss_penalty=0.0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -271,13 +271,14 @@ class TicTacToe:
                 ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
                 ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
-                ("check_reward", check_reward, number(check_reward) and 0 <= check_reward < float("inf"), "a number >= 0")]:
+                ("check_reward", check_reward, number(check_reward) and 0 <= check_reward < float("inf"), "a number >= 0"),
+                ("loss_penalty", loss_penalty, number(loss_penalty) and 0 <= loss_penalty < float("inf"), "a number >= 0")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         self.opening_player, self.replay_from = opening_player, replay_from
-        self.check_reward = check_reward
+        self.check_reward, self.loss_penalty = check_reward, loss_penalty
         if check_reward:  # an instance's weights: the class's are every other game's
             self.reward_weights = {**TicTacToe.reward_weights, "check": check_reward}
         # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
@@ -359,7 +360,9 @@ class TicTacToe:
 
     def rewards(self, state):
         result = state["winner"]
-        rewards = {"win": 1.0 if result == "X" else 0.5 if result == "draw" else 0.0,
+        # a game neither won nor drawn (lost, or cut off) scores -loss_penalty: above 0, not losing is worth more
+        # than winning is, the certificate's aim
+        rewards = {"win": 1.0 if result == "X" else 0.5 if result == "draw" else -self.loss_penalty,
                    "format": state["well_formed"] / max(state["turns"], 1),
                    "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
         if self.check_reward:
@@ -450,7 +453,7 @@ class TicTacToe:
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                     opponent=None):
+                     loss_penalty=0.0, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -466,7 +469,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     opening > 0); check_reward: the weight of a reward component "check", the share of the model's replies whose
     <think> begins with a true statement of where each side could complete a line (`Wins: me 7, opponent none.`,
     as the rules_wins teacher writes it): a verifiable fact of the rules, so RL is not left to rewrite it as it
-    rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); opponent: a function state -> cell that
+    rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); loss_penalty: a lost (or cut-off) game's "win"
+    reward is -loss_penalty instead of 0, so that a block that saves a game pays more than a win adds; opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opening_player, replay_from, check_reward, opponent)
+                     opening_player, replay_from, check_reward, loss_penalty, opponent)

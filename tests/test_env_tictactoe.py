@@ -432,6 +432,16 @@ def test_draw_reward():
     assert env.metrics(state)["draw"] == 1.0 and env.metrics(state)["loss"] == 0.0
 
 
+def test_loss_penalty_scores_lost_and_cut_off_games_below_zero_only():
+    games = {"win": ([0, 1, 2], [3, 4], {}), "draw": ([0, 2, 3, 7, 8], [1, 4, 6, 5], {}),
+             "loss": ([6, 7, 3], [0, 1, 2], {}), "cut off": (["<move>9</move>"] * 5, [], {"max_turns": 5})}
+    for penalty, expected in [(0.0, {"win": 1.0, "draw": 0.5, "loss": 0.0, "cut off": 0.0}),
+                              (1.5, {"win": 1.0, "draw": 0.5, "loss": -1.5, "cut off": -1.5})]:
+        for name, (model_moves, opponent_moves, args) in games.items():
+            env, state, _ = scripted_game(model_moves, opponent_moves, loss_penalty=penalty, **args)
+            assert state["done"] and env.rewards(state)["win"] == expected[name], (penalty, name)
+
+
 def test_cut_off_game():
     env, state, msgs = scripted_game(["<move>9</move>"] * 20, [], max_turns=5)
     assert len(msgs) == 6 and msgs[-1] is None and all(m is not None for m in msgs[:-1])
