@@ -256,7 +256,7 @@ class TicTacToe:
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0, loss_penalty=0.0, opponent=None):
+                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0, loss_penalty=0.0, optimal_reward=0.0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -272,15 +272,18 @@ class TicTacToe:
                 ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
                 ("check_reward", check_reward, number(check_reward) and 0 <= check_reward < float("inf"), "a number >= 0"),
-                ("loss_penalty", loss_penalty, number(loss_penalty) and 0 <= loss_penalty < float("inf"), "a number >= 0")]:
+                ("loss_penalty", loss_penalty, number(loss_penalty) and 0 <= loss_penalty < float("inf"), "a number >= 0"),
+                ("optimal_reward", optimal_reward, number(optimal_reward) and 0 <= optimal_reward < float("inf"), "a number >= 0")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         self.opening_player, self.replay_from = opening_player, replay_from
-        self.check_reward, self.loss_penalty = check_reward, loss_penalty
-        if check_reward:  # an instance's weights: the class's are every other game's
-            self.reward_weights = {**TicTacToe.reward_weights, "check": check_reward}
+        self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
+        # an instance's weights: the class's are every other game's
+        extra = {name: w for name, w in (("check", check_reward), ("optimal", optimal_reward)) if w}
+        if extra:
+            self.reward_weights = {**TicTacToe.reward_weights, **extra}
         # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
         # None: an example's "replies" where they name the board (a replayed line), else `opponent_move`
         self.opponent = opponent
@@ -304,7 +307,7 @@ class TicTacToe:
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
-                 "turns": 0, "well_formed": 0, "true_checks": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
+                 "turns": 0, "well_formed": 0, "true_checks": 0, "optimal_moves": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         if "position" in example:
@@ -346,6 +349,7 @@ class TicTacToe:
             state["invalid_moves"] += 1
             news = f"Invalid move: {why}. The board is unchanged."
         else:
+            state["optimal_moves"] += cell in best_moves(state["board"], "X")
             state["board"] = play(state["board"], cell, "X")
             news = f"You took cell {cell}."
             if self._finish(state):
@@ -367,6 +371,8 @@ class TicTacToe:
                    "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
         if self.check_reward:
             rewards["check"] = state["true_checks"] / max(state["turns"], 1)
+        if self.optimal_reward:
+            rewards["optimal"] = state["optimal_moves"] / max(state["turns"], 1)
         return rewards
 
     def metrics(self, state):
@@ -453,7 +459,7 @@ class TicTacToe:
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                     loss_penalty=0.0, opponent=None):
+                     loss_penalty=0.0, optimal_reward=0.0, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -470,7 +476,11 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     <think> begins with a true statement of where each side could complete a line (`Wins: me 7, opponent none.`,
     as the rules_wins teacher writes it): a verifiable fact of the rules, so RL is not left to rewrite it as it
     rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); loss_penalty: a lost (or cut-off) game's "win"
-    reward is -loss_penalty instead of 0, so that a block that saves a game pays more than a win adds; opponent: a function state -> cell that
+    reward is -loss_penalty instead of 0, so that a block that saves a game pays more than a win adds;
+    optimal_reward: the weight of a reward component "optimal", the share of the model's replies that made a
+    minimax-optimal move (one that keeps the position's win/draw/loss value; an invalid move is not one): the
+    solver scores every decision, so a missed block is paid for even when a weak opponent lets it go; the reward
+    then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opening_player, replay_from, check_reward, loss_penalty, opponent)
+                     opening_player, replay_from, check_reward, loss_penalty, optimal_reward, opponent)

@@ -56,6 +56,7 @@ ENV_ARGS = [  # (--env, --env_args, message)
     ("tictactoe", '{"show_cells": 1}', "show_cells=1: must be true or false"),
     ("tictactoe", '{"invalid_penalty": -1}', "invalid_penalty=-1: must be a number >= 0"),
     ("tictactoe", '{"loss_penalty": -1}', "loss_penalty=-1: must be a number >= 0"),
+    ("tictactoe", '{"optimal_reward": "high"}', "optimal_reward='high': must be a number >= 0"),
     ("reverse", '{"min_words": true}', "min_words=True, max_words=12: need integers"),
     ("reverse", '{"min_words": 0}', "min_words=0, max_words=12: need integers with 1 <= min_words"),
     ("reverse", '{"max_words": "x"}', "max_words='x': need integers"),

@@ -442,6 +442,22 @@ def test_loss_penalty_scores_lost_and_cut_off_games_below_zero_only():
             assert state["done"] and env.rewards(state)["win"] == expected[name], (penalty, name)
 
 
+def test_optimal_reward_scores_the_share_of_minimax_optimal_replies():
+    """optimal_reward: the share of the model's replies that keep the position's value (a missed block is not one,
+    nor an invalid reply), weighted into the total; off (no "optimal" component) by default."""
+    # X 0, O 4, X 8 (the draw kept), O 2 threatens 6, X 1 misses the block, O 6 wins: 2 optimal replies of 3
+    env, state, _ = scripted_game([0, 8, 1], [4, 2, 6], optimal_reward=0.5)
+    assert state["winner"] == "O" and env.rewards(state)["optimal"] == pytest.approx(2 / 3)
+    assert total_reward(env, state) == pytest.approx(0.0 + 0.2 * 1.0 + 0.5 * 2 / 3)
+    # the same with the block (a fork: 3 and 7), O 3, an invalid reply, X 7 wins: 4 optimal replies of 5
+    env, state, _ = scripted_game([0, 8, 6, "junk", 7], [4, 2, 3], optimal_reward=0.5)
+    assert state["winner"] == "X" and state["turns"] == 5
+    assert env.rewards(state)["optimal"] == pytest.approx(4 / 5)
+    assert env.reward_weights["optimal"] == 0.5 and "optimal" not in ttt.load_environment().reward_weights
+    env, state, _ = scripted_game([0, 8, 1], [4, 2, 6])
+    assert "optimal" not in env.rewards(state)
+
+
 def test_cut_off_game():
     env, state, msgs = scripted_game(["<move>9</move>"] * 20, [], max_turns=5)
     assert len(msgs) == 6 and msgs[-1] is None and all(m is not None for m in msgs[:-1])
