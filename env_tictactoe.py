@@ -256,24 +256,26 @@ class TicTacToe:
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0, loss_penalty=0.0, optimal_reward=0.0, opponent=None):
+                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
+                 loss_penalty=0.0, optimal_reward=0.0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
+        finite_non_negative = lambda x: number(x) and 0 <= x < float("inf")
         for name, value, ok, must in [
                 ("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
                 ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
                 ("min_random_move_prob", lo, number(lo) and number(hi) and lo <= hi, f"at most max_random_move_prob={hi}"),
                 ("num_groups", num_groups, integer(num_groups) and num_groups >= 1, "a positive integer"),
                 ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
-                ("invalid_penalty", invalid_penalty, number(invalid_penalty) and 0 <= invalid_penalty < float("inf"), "a number >= 0"),
+                ("invalid_penalty", invalid_penalty, finite_non_negative(invalid_penalty), "a number >= 0"),
                 ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
                 ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
                 ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
-                ("check_reward", check_reward, number(check_reward) and 0 <= check_reward < float("inf"), "a number >= 0"),
-                ("loss_penalty", loss_penalty, number(loss_penalty) and 0 <= loss_penalty < float("inf"), "a number >= 0"),
-                ("optimal_reward", optimal_reward, number(optimal_reward) and 0 <= optimal_reward < float("inf"), "a number >= 0")]:
+                ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
+                ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
+                ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
@@ -307,7 +309,8 @@ class TicTacToe:
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
-                 "turns": 0, "well_formed": 0, "true_checks": 0, "optimal_moves": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False}
+                 "turns": 0, "well_formed": 0, "true_checks": 0, "optimal_moves": 0, "invalid_moves": 0, "winner": None,
+                 "cut_off": False, "done": False}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         if "position" in example:
