@@ -146,6 +146,32 @@ def line_moves(model_first, replies, board):
 PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
+def demands(board, kind):
+    """Does X to move on `board` face a puzzle of `kind`: "block" (O threatens one line, X has no win, and the game is
+    not yet lost, so the block is the one move that keeps it) or "threat" (that, or a win for X to take)?"""
+    wins, their_wins = threats(board, "X"), threats(board, "O")
+    block = not wins and len(their_wins) == 1 and value(board, "X") > -1
+    return block or (kind == "threat" and bool(wins))
+
+
+def puzzle_line(rng, kind):
+    """A line of uniformly random play, by both sides, to the first position that `demands` `kind`, X to move:
+    (model_first, replies, board), the fields of a replayed line's example (see TicTacToe.reset)."""
+    while True:
+        model_first, board, replies = rng.random() < 0.5, "." * 9, {}
+        if not model_first:
+            replies[board] = rng.choice(free_cells(board))
+            board = play(board, replies[board], "O")
+        while winner(board) is None:
+            if demands(board, kind):
+                return model_first, replies, board
+            board = play(board, rng.choice(free_cells(board)), "X")
+            if winner(board) is not None:
+                break
+            replies[board] = rng.choice(free_cells(board))
+            board = play(board, replies[board], "O")
+
+
 def safe_moves(board):
     """X's immediate wins, else all of X's minimax-optimal moves: the scripted minimax player's candidates."""
     return threats(board, "X") or best_moves(board, "X")
@@ -239,8 +265,8 @@ def parse_move(reply, board):
 # ----------------------------------------------------------------------------- the environment
 
 # The two standard evaluation settings (eval.py --opponent, and the evaluations inside sft.py and rl.py).
-EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
-                 "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
+EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0, "puzzles": 0.0},
+                 "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0, "puzzles": 0.0}}
 
 SYSTEM_PROMPT = """You play tic-tac-toe as X against an opponent playing O. Three in a row (a row, column or diagonal) wins.
 Cells are numbered 0-8, row by row:
@@ -257,7 +283,7 @@ class TicTacToe:
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                 loss_penalty=0.0, optimal_reward=0.0, opponent=None):
+                 loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -275,13 +301,17 @@ class TicTacToe:
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
                 ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
-                ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0")]:
+                ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
+                ("puzzles", puzzles, number(puzzles) and 0 <= puzzles <= 1, "a share in [0, 1]"),
+                ("puzzle_kind", puzzle_kind, puzzle_kind in ("block", "threat"), '"block" or "threat"'),
+                ("puzzle_turns", puzzle_turns, integer(puzzle_turns) and puzzle_turns >= 1, "a positive integer")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         self.opening_player, self.replay_from = opening_player, replay_from
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
+        self.puzzles, self.puzzle_kind, self.puzzle_turns = puzzles, puzzle_kind, puzzle_turns
         # an instance's weights: the class's are every other game's
         extra = {name: w for name, w in (("check", check_reward), ("optimal", optimal_reward)) if w}
         if extra:
@@ -291,13 +321,18 @@ class TicTacToe:
         self.opponent = opponent
 
     def examples(self, n, seed=0):
-        """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
-        rng = random.Random(seed)
+        """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]. With `puzzles`, each
+        example is, with that probability, a puzzle: a game that starts where random play first reached a position
+        demanding `puzzle_kind` (`puzzle_line`), its moves listed as an opening's, cut off after `puzzle_turns` replies."""
+        rng, puzzle_rng = random.Random(seed), stable_rng(seed, "puzzles")
         width = (self.hi - self.lo) / self.num_groups
         rows = []
         for i in range(n):
             p = self.lo + width * (i % self.num_groups + rng.random())
             rows.append({"seed": rng.randrange(2**31), "random_move_prob": min(p, self.hi)})
+            if self.puzzles and puzzle_rng.random() < self.puzzles:
+                model_first, replies, board = puzzle_line(puzzle_rng, self.puzzle_kind)
+                rows[-1].update(model_first=model_first, replies=replies, position=board, max_turns=self.puzzle_turns)
         return rows
 
     def reset(self, example):
@@ -305,12 +340,12 @@ class TicTacToe:
         {board: cell} map of the opponent's replies on those boards (a line replayed: `eval.py --certify` records
         the lines a policy lost, `rl.py --exploit` trains on them); elsewhere the seeded opponent plays. With
         "position" too (a board on that line, X to move), the game starts there, its moves so far listed as an
-        opening's are."""
+        opening's are; "max_turns" replaces the environment's for this game."""
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
                  "turns": 0, "well_formed": 0, "true_checks": 0, "optimal_moves": 0, "invalid_moves": 0, "winner": None,
-                 "cut_off": False, "done": False}
+                 "cut_off": False, "done": False, "max_turns": example.get("max_turns", self.max_turns)}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         if "position" in example:
@@ -360,7 +395,7 @@ class TicTacToe:
             news += f" The opponent took cell {self._opponent(state)}."
         if self._finish(state):
             return None
-        if state["turns"] >= self.max_turns:
+        if state["turns"] >= state["max_turns"]:
             state.update(cut_off=True, done=True)
             return None
         return f"{news}\n{self._show(state)}"
@@ -462,7 +497,7 @@ class TicTacToe:
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                     loss_penalty=0.0, optimal_reward=0.0, opponent=None):
+                     loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -483,7 +518,12 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     optimal_reward: the weight of a reward component "optimal", the share of the model's replies that made a
     minimax-optimal move (one that keeps the position's win/draw/loss value; an invalid move is not one): the
     solver scores every decision, so a missed block is paid for even when a weak opponent lets it go; the reward
-    then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); opponent: a function state -> cell that
+    then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
+    puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
+    (O threatens one line, X has no win, the game not yet lost) or "threat" (that, or a win for X to take), and end
+    after puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver
+    scores it; the model must know the opening message, from SFT with opening > 0); opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opening_player, replay_from, check_reward, loss_penalty, optimal_reward, opponent)
+                     opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
+                     opponent)

@@ -136,7 +136,7 @@ def certify(env, policy, out=None, progress=True):
         raise SystemExit("--certify needs the tictactoe environment")
     # each line is an example whose "replies" script the opponent (env_tictactoe.reset): from the empty board,
     # the opponent's every move so far; a branch adds its next one
-    ex = env.examples(1, seed=0)[0]
+    ex = {k: v for k, v in env.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a puzzle's start
     frontier = [new_episode(env, {**ex, "model_first": True, "replies": {}})]
     frontier += [new_episode(env, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
     lines, decisions, optimal, mistakes = [], 0, 0, []
@@ -202,7 +202,7 @@ def certify(env, policy, out=None, progress=True):
 # ----------------------------------------------------------------------------- the speedrun's report
 
 
-def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args):
+def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args=""):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
     {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
     probability teacher_p, rules or rules_wins) and the other arguments name the run's recipe."""
@@ -259,7 +259,7 @@ block (the opponent could), else another move, optimal by minimax (where forks a
 
 ## Commands
     python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
-    python rl.py --model {out}/sft {rl_args} --out {out}/rl
+{f"    python rl.py --model {out}/sft {puzzle_args} --out {out}/rl_puzzles{nl}" if puzzle_args else ""}    python rl.py --model {out}/{"rl_puzzles" if puzzle_args else "sft"} {rl_args} --out {out}/rl
     python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {out}/rl/curves.png
@@ -311,11 +311,13 @@ def main():
     p.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
+    p.add_argument("--puzzle_args", default="", help="--report: the flags of an RL stage on puzzles before it, if any")
     args = p.parse_args()
     check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
                        "show": (at_least(0), ">= 0"), "out": (lambda d: d is None or can_write(d), "a directory you can write")})
     if args.report:
-        return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args, args.env_args)
+        return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args, args.env_args,
+                            args.puzzle_args)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))

@@ -76,11 +76,11 @@ from sample import POLICY_FLAG_RULES, HFPolicy, NonFiniteLogits, rollout, show
 def step_examples(env, n_examples, seed, step, replays=None):
     """The examples of one step: a function of (seed, step), so a resumed run sees the same ones. With --exploit,
     up to half of them replay, in turn, the lines where the policy erred (`replays`, from the environment's
-    exploit hook); each keeps its own seed, which decides what the opponent does after the line."""
+    exploit hook); each keeps only its example's seed, which decides what the opponent does after the line."""
     examples = env.examples(n_examples, seed=seed * 1_000_003 + step)
     k = min(len(replays or []), n_examples // 2)
     for j in range(k):
-        examples[j].update(replays[(step * k + j) % len(replays)])
+        examples[j] = {"seed": examples[j]["seed"], **replays[(step * k + j) % len(replays)]}
     return examples
 
 

@@ -3,9 +3,10 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
-#   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line
+#   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
+#                            # RL first on block puzzles (one decision each), then on games and threat puzzles
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -23,22 +24,36 @@ SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher'
 # a uniformly random legal move, its <think> listing the free cells, so SFT teaches the format and the rules and
 # RL has to find every bit of strategy (docs/RANDOM_TEACHER.md); TEACHER=rules_wins: the same moves, its <think> first
 # stating where each side could complete a line now (`Wins: me 7, opponent none.`), which the student copies as it copies the
-# format, leaving to RL what to do about it (it did no better: docs/RANDOM_TEACHER.md)
+# format, leaving to RL what to do about it: RL learns to act on a stated threat from one-decision puzzles, where
+# the solver scores that decision alone, and not from whole games (docs/RANDOM_TEACHER.md)
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
-EXPLOIT=${EXPLOIT:-5}
+EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
+SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
+PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins)
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
   OPENING=0
   # rules_wins: more SFT, for the student to state the wins right; a longer think, so a higher token limit per reply
   if [ "$TEACHER" = "rules" ]; then SFT_STEPS=${SFT_STEPS:-1000}; MAX_NEW=48; else SFT_STEPS=${SFT_STEPS:-2200}; MAX_NEW=64; fi
-  # rules_wins: RL left alone rewrites the wins check as `Wins: me none, opponent none.`; a reward for a true one keeps it
-  if [ "$TEACHER" = "rules_wins" ]; then RL_REWARDS=', "check_reward": 0.5'; fi
+  # rules_wins: RL left alone rewrites the wins check as `Wins: me none, opponent none.`; a reward for a true one keeps
+  # it. RL then learns from puzzles: games that start where random play reached a threat (SFT's random-X openings
+  # teach the student the message such a start writes), cut off after one reply that the solver scores
+  # (optimal_reward), so a group's rollouts compare that one decision: first PUZZLE_STEPS steps of block puzzles
+  # alone, then half of each batch threat puzzles (a win to take or a threat to block), half whole games
+  if [ "$TEACHER" = "rules_wins" ]; then
+    RL_REWARDS=', "check_reward": 0.5, "optimal_reward": 1.0'
+    SFT_OPENING=3
+    SFT_OPENING_PLAYER=random
+    PUZZLE_STEPS_DEFAULT=60
+    EXPLOIT_DEFAULT=0  # measured without the exploiter
+    RL_STEPS=${RL_STEPS:-60}
+  fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
   KEEP=all
@@ -59,17 +74,22 @@ else
   echo "TEACHER=$TEACHER: use minimax, rules or rules_wins" >&2
   exit 2
 fi
+EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}
+PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
 ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
 # endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
-SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING}"
+SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": ${SFT_OPENING:-$OPENING}${SFT_OPENING_PLAYER:+, \"opening_player\": \"$SFT_OPENING_PLAYER\"}}"
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
 RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
+PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": \"block\"}"
+if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": \"threat\"}"; fi
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-8}
+  if [ "$PUZZLE_STEPS" -gt 0 ]; then PUZZLE_STEPS=2; fi
 else
   SFT="--n_games $N_GAMES --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
   RL="--batch 64 --group 8 --steps $RL_STEPS --lr $RL_LR --warmup 3 --temp 1.0 --max_new_tokens $MAX_NEW --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
@@ -86,9 +106,18 @@ stamp "1-2. scratch model + SFT on the teacher ($TEACHER_FLAGS)"
 python sft.py --model scratch $TEACHER_FLAGS $SFT --env_args "$SFT_ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
 T_SFT=$SECONDS
 
-stamp "3. RL from the SFT model"
+RL_FROM="$OUT/sft"
+PUZZLE_RL=""
+if [ "$PUZZLE_STEPS" -gt 0 ]; then
+  PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0"
+  stamp "3a. RL on block puzzles from the SFT model"
+  python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" | tee "$OUT/rl_puzzles.log"
+  RL_FROM="$OUT/rl_puzzles"
+fi
+
+stamp "3. RL from $RL_FROM"
 rm -rf "$OUT/rl_best"  # an earlier run's best weights must not stand in for this run's RL model
-python rl.py --model "$OUT/sft" $RL --env_args "$RL_ENV" --out "$OUT/rl" | tee "$OUT/rl.log"
+python rl.py --model "$RL_FROM" $RL --env_args "$RL_ENV" --out "$OUT/rl" | tee "$OUT/rl.log"
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
@@ -104,5 +133,6 @@ T_ALL=$SECONDS
 
 stamp "5. report"
 python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
-  --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV"
+  --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV" \
+  ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"}
 stamp "done: $OUT/report.md"

@@ -585,6 +585,58 @@ def test_random_opening_plays_random_free_cells_for_x():
         ttt.load_environment(opening_player="perfect")
 
 
+@pytest.mark.parametrize("kind", ["block", "threat"])
+def test_puzzles_start_where_random_play_first_demands_the_kind_and_end_after_puzzle_turns(kind):
+    """puzzles=p: about that share of the examples start where a line of legal moves first reached a position, X to
+    move, that demands `kind` (block: O threatens one line, X has no win, and blocking is the only move that keeps
+    the game's value; threat: that, or X has a win), the moves listed as an opening's; the rest are the plain
+    environment's examples; a puzzle is cut off after puzzle_turns replies, an ordinary game is not."""
+    env = ttt.load_environment(show_cells=True, puzzles=0.5, puzzle_kind=kind, puzzle_turns=1)
+    plain = ttt.load_environment(show_cells=True)
+    examples, kinds = env.examples(400, seed=7), Counter()
+    for ex, plain_ex in zip(examples, plain.examples(400, seed=7)):
+        assert {k: ex[k] for k in plain_ex} == plain_ex  # seed and opponent as without puzzles
+        state, msg = env.reset(ex)
+        if "position" not in ex:
+            assert (state, msg) == plain.reset(ex) and state["max_turns"] == 8
+            continue
+        m = re.match(r"New game, from a position: the moves so far were ([XO \d,]+)\.\n", msg)
+        board, seen = EMPTY, []
+        for who, cell in [(mv[0], int(mv[2])) for mv in m.group(1).split(", ")]:
+            assert board[cell] == "." and my_winner(board) is None
+            if who == "X":
+                seen.append(board)
+            board = board[:cell] + who + board[cell + 1:]
+        assert board == state["board"] and not state["done"] and state["turns"] == 0
+        wins, their_wins, best = ttt.threats(board, "X"), ttt.threats(board, "O"), ttt.best_moves(board, "X")
+        if wins:
+            kinds["win"] += 1
+            assert set(wins) <= set(best)
+        else:
+            kinds["block"] += 1
+            assert len(their_wins) == 1 and list(best) == their_wins and ttt.value(board, "X") > -1
+        assert not any(ttt.demands(b, kind) for b in seen)  # the first such position of its line
+        # one reply (a legal move that does not win) and the puzzle is over, cut off
+        cell = ([c for c in ttt.free_cells(board) if c not in wins] or wins)[0]
+        assert env.step(state, f"<think>a</think><move>{cell}</move>") is None and state["done"]
+        assert state["cut_off"] or state["winner"] is not None
+    assert 150 < sum(kinds.values()) < 250
+    assert set(kinds) == ({"block"} if kind == "block" else {"block", "win"})
+    for bad in ({"puzzles": 1.5}, {"puzzles": -0.1}, {"puzzle_kind": "fork"}, {"puzzle_turns": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ttt.load_environment(**bad)
+
+
+def test_certificate_and_evaluation_ignore_puzzles():
+    """The certificate (and so the exploiter) plays every line from the empty board whatever the puzzles share, and
+    the standard evaluations play full games."""
+    player = ttt.load_environment().scripted_player("random")
+    policy = lambda episodes: [player(ep["state"]) for ep in episodes]
+    summary, _, replays = ttt.load_environment(show_cells=True).exploit(policy)
+    assert ttt.load_environment(show_cells=True, puzzles=1.0).exploit(policy) == (summary, _, replays)
+    assert all(opts["puzzles"] == 0.0 for opts in ttt.EVAL_SETTINGS.values())
+
+
 @pytest.mark.parametrize("first", [True, False])
 def test_exploit_replays_from_the_mistake_start_at_its_position(first):
     """replay_from="mistake": each of the exploit hook's replays starts at the board where the policy erred, X to

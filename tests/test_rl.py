@@ -20,6 +20,19 @@ def close(a, b):
     return abs(float(torch.as_tensor(a).detach()) - float(b)) < 1e-6
 
 
+def test_a_replay_replaces_its_example_but_its_seed():
+    """--exploit: a replayed line takes the place of one of the step's examples, keeping only its seed, so nothing of a
+    puzzle's start (its position, its turn limit) is left in the replay."""
+    import env_tictactoe as ttt
+    from rl import step_examples
+    env = ttt.load_environment(puzzles=1.0)
+    replay = {"model_first": True, "replies": {}, "random_move_prob": 0.0}
+    plain = env.examples(4, seed=0)
+    examples = step_examples(env, 4, 0, 0, [replay])
+    assert examples[0] == {"seed": plain[0]["seed"], **replay}
+    assert examples[1:] == plain[1:] and all("position" in ex for ex in examples[1:])
+
+
 # ----------------------------------------------------------------------------- the loss by hand
 
 def test_cispo_on_policy_is_reinforce():

@@ -8,7 +8,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("teacher", ["minimax", "rules"])
+@pytest.mark.parametrize("teacher", ["minimax", "rules", "rules_wins"])
 def test_quick_speedrun(tmp_path, teacher):
     out = str(tmp_path / "run")
     # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules run passes one)
@@ -25,9 +25,10 @@ def test_quick_speedrun(tmp_path, teacher):
         assert cert["lines"] == cert["lines_won"] + cert["lines_drawn"] + cert["lines_lost"] > 0
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
-    assert "| RL model (step " in report and "Certificate" in report and "| mistaken decisions |" in report
-    keep = "all" if teacher == "rules" else "not_lost"  # the report's commands are the ones the run ran
-    assert "--certify -n 8 --temp 0 --max_new_tokens 48 --env_args" in report
+    assert ("| RL model |" if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
+    keep = "not_lost" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
+    max_new = 64 if teacher == "rules_wins" else 48
+    assert f"--certify -n 8 --temp 0 --max_new_tokens {max_new} --env_args" in report
     assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
     replies = [m["content"] for line in open(os.path.join(out, "sft", "data.jsonl"))
                for m in json.loads(line)["messages"] if m["role"] == "assistant"]
@@ -36,11 +37,23 @@ def test_quick_speedrun(tmp_path, teacher):
         assert all(r.startswith("<think>Free cells: ") and "win" not in r and "threat" not in r for r in replies)
         assert sum(1 for _ in open(os.path.join(out, "sft", "teacher_games.jsonl"))) == len(open(os.path.join(out, "sft", "data.jsonl")).readlines())
         assert "moves so far" not in open(os.path.join(out, "sft", "data.jsonl")).read()
+    elif teacher == "rules_wins":  # random moves, the think stating the wins; games from random-X openings; RL first
+        # on block puzzles, then on games and threat puzzles, each stage's command in the report
+        assert all(r.startswith("<think>Wins: me ") and "threat" not in r for r in replies)
+        assert "moves so far" in open(os.path.join(out, "sft", "data.jsonl")).read()
+        puzzle_args = json.load(open(os.path.join(out, "rl_puzzles", "rl_args.json")))
+        assert json.loads(puzzle_args["env_args"])["puzzles"] == 1.0 and puzzle_args["steps"] == 2 and puzzle_args["exploit"] == 0
+        assert json.loads(json.load(open(os.path.join(out, "rl", "rl_args.json")))["env_args"])["puzzle_kind"] == "threat"
+        assert f"python rl.py --model {out}/sft " in report and f"--out {out}/rl_puzzles" in report
+        assert f"python rl.py --model {out}/rl_puzzles " in report
     else:
         assert any("threatens" in r for r in replies)
     assert os.path.exists(os.path.join(out, "rl", "model.safetensors"))
     loss_agg = json.load(open(os.path.join(out, "rl", "rl_args.json")))["loss_agg"]
-    assert loss_agg == ("sequence" if rl_flags else "token") and (rl_flags in report.split("python rl.py")[1].splitlines()[0])
+    assert loss_agg == ("sequence" if rl_flags else "token") and (rl_flags in report.split("python rl.py")[-1].splitlines()[0])
+    if teacher == "rules_wins":  # measured without the exploiter: the RL model is the last step's
+        assert results["rl_step"] is None and not os.path.exists(os.path.join(out, "rl_best"))
+        return
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
     assert results["rl_step"] == best["step"] in (0, 2)
