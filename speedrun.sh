@@ -33,6 +33,7 @@ SHOW_CELLS=${SHOW_CELLS:-true}
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
+SFT_OPENING=""  # SFT's opening rounds, if not OPENING
 SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
 PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins)
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
