@@ -146,12 +146,16 @@ def line_moves(model_first, replies, board):
 PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
+PUZZLE_KINDS = ("block", "win", "threat")
+
+
 def demands(board, kind):
     """Does X to move on `board` face a puzzle of `kind`: "block" (O threatens one line, X has no win, and the game is
-    not yet lost, so the block is the one move that keeps it) or "threat" (that, or a win for X to take)?"""
+    not yet lost, so the block is the one move that keeps it), "win" (a line for X to complete now) or "threat"
+    (either)?"""
     wins, their_wins = threats(board, "X"), threats(board, "O")
     block = not wins and len(their_wins) == 1 and value(board, "X") > -1
-    return block or (kind == "threat" and bool(wins))
+    return (kind != "win" and block) or (kind != "block" and bool(wins))
 
 
 def puzzle_line(rng, kind):
@@ -303,7 +307,7 @@ class TicTacToe:
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
                 ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
                 ("puzzles", puzzles, number(puzzles) and 0 <= puzzles <= 1, "a share in [0, 1]"),
-                ("puzzle_kind", puzzle_kind, puzzle_kind in ("block", "threat"), '"block" or "threat"'),
+                ("puzzle_kind", puzzle_kind, puzzle_kind in PUZZLE_KINDS, " or ".join(map(repr, PUZZLE_KINDS))),
                 ("puzzle_turns", puzzle_turns, integer(puzzle_turns) and puzzle_turns >= 1, "a positive integer")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
@@ -520,7 +524,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     solver scores every decision, so a missed block is paid for even when a weak opponent lets it go; the reward
     then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
     puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
-    (O threatens one line, X has no win, the game not yet lost) or "threat" (that, or a win for X to take), and end
+    (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now) or "threat"
+    (either), and end
     after puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver
     scores it; the model must know the opening message, from SFT with opening > 0); opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""

@@ -585,11 +585,11 @@ def test_random_opening_plays_random_free_cells_for_x():
         ttt.load_environment(opening_player="perfect")
 
 
-@pytest.mark.parametrize("kind", ["block", "threat"])
+@pytest.mark.parametrize("kind", ["block", "win", "threat"])
 def test_puzzles_start_where_random_play_first_demands_the_kind_and_end_after_puzzle_turns(kind):
     """puzzles=p: about that share of the examples start where a line of legal moves first reached a position, X to
     move, that demands `kind` (block: O threatens one line, X has no win, and blocking is the only move that keeps
-    the game's value; threat: that, or X has a win), the moves listed as an opening's; the rest are the plain
+    the game's value; win: X has a win; threat: either), the moves listed as an opening's; the rest are the plain
     environment's examples; a puzzle is cut off after puzzle_turns replies, an ordinary game is not."""
     env = ttt.load_environment(show_cells=True, puzzles=0.5, puzzle_kind=kind, puzzle_turns=1)
     plain = ttt.load_environment(show_cells=True)
@@ -621,7 +621,7 @@ def test_puzzles_start_where_random_play_first_demands_the_kind_and_end_after_pu
         assert env.step(state, f"<think>a</think><move>{cell}</move>") is None and state["done"]
         assert state["cut_off"] or state["winner"] is not None
     assert 150 < sum(kinds.values()) < 250
-    assert set(kinds) == ({"block"} if kind == "block" else {"block", "win"})
+    assert set(kinds) == {"block": {"block"}, "win": {"win"}, "threat": {"block", "win"}}[kind]
     for bad in ({"puzzles": 1.5}, {"puzzles": -0.1}, {"puzzle_kind": "fork"}, {"puzzle_turns": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ttt.load_environment(**bad)
