@@ -1,6 +1,7 @@
 """A shortened speedrun (QUICK=1): the whole pipeline scratch -> SFT -> RL -> eval + certificate -> report."""
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -21,14 +22,16 @@ def speedruns(tmp_path_factory):
         # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules run passes one)
         rl_flags = "--loss_agg sequence" if teacher == "rules" else ""
         env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags}
+        # a session of its own, so that a run past its time is stopped with its python children, which hold the pipe
         started[teacher] = out, rl_flags, subprocess.Popen(["bash", "speedrun.sh"], cwd=ROOT, stdout=subprocess.PIPE,
-                                                           stderr=subprocess.STDOUT, text=True, env=env)
+                                                           stderr=subprocess.STDOUT, text=True, env=env,
+                                                           start_new_session=True)
     finished = {}
     for teacher, (out, rl_flags, proc) in started.items():
         try:
             output, _ = proc.communicate(timeout=600)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
         finished[teacher] = out, rl_flags, proc.returncode, output
     return finished
