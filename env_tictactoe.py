@@ -525,9 +525,9 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
     puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
     (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now) or "threat"
-    (either), and end
-    after puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver
-    scores it; the model must know the opening message, from SFT with opening > 0); opponent: a function state -> cell that
+    (either), and end after puzzle_turns replies, so that a group's rollouts answer one decision (with
+    optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
+    opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
