@@ -115,6 +115,17 @@ def train_autocast(device):
 # ----------------------------------------------------------------------------- KV caches
 
 
+def cache_kwarg(module):
+    """The name under which a transformers model's forward takes its KV cache: `cache` from transformers 5.24 on
+    (which warns at the old name, and drops it in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def returned_cache(output):
+    """The KV cache a forward returned, under either name (see cache_kwarg)."""
+    return output["cache"] if "cache" in output else output.past_key_values
+
+
 def plain_cache_layers(cache):
     """[(keys (B, H, T, D), values)] per layer when every layer of `cache` is plain full attention, so that its
     rows can be broadcast into a new DynamicCache; else None (sliding windows and recurrent layers cannot be)."""
@@ -166,12 +177,12 @@ def decoder_hidden(model, ids):
     if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
         return decoder(input_ids=ids).last_hidden_state
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-    kv = plain_cache_layers(head.past_key_values)
+    kv = plain_cache_layers(returned_cache(head))
     if kv is None:
         return decoder(input_ids=ids).last_hidden_state
     # (1, heads, prefix, D) -> (B, heads, prefix, D), views: the backward sums over rows
     cache = DynamicCache([(K.expand(B, -1, -1, -1), V.expand(B, -1, -1, -1)) for K, V in kv])
-    rest = decoder(input_ids=ids[:, prefix:], past_key_values=cache).last_hidden_state  # (B, T-prefix, H)
+    rest = decoder(input_ids=ids[:, prefix:], **{cache_kwarg(decoder): cache}).last_hidden_state  # (B, T-prefix, H)
     return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
 
 

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common import TRAIN_FLAG_RULES, at_least, can_write, check_flags, load_env, load_model, non_negative
+from common import (TRAIN_FLAG_RULES, at_least, cache_kwarg, can_write, check_flags, load_env, load_model, non_negative,
+                    returned_cache)
 
 # ----------------------------------------------------------------------------- environments
 
@@ -247,6 +248,7 @@ class HFPolicy:
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                  reuse_cache=True, min_new_tokens=0, seed=0):
         self.model, self.tokenizer, self.seed = model, tokenizer, seed
+        self.cache_kw = cache_kwarg(model)
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
@@ -349,7 +351,7 @@ class HFPolicy:
         pos, real = pos.to(device), real.to(device)
         cache.write, cache.span = write.to(device), span
         logits = self.model(input_ids=ids.to(device), position_ids=pos, attention_mask=self._masks(pos, real, span),
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
+                            **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
         if U < B:
             cache.gather(source)
             logits = logits[torch.tensor(source, device=device)]  # (B, V)
@@ -361,7 +363,7 @@ class HFPolicy:
             pos = cache.lengths[:, None]  # (B, 1)
             cache.write = pos
             out = self.model(input_ids=token_in, position_ids=pos, attention_mask=self._masks(pos, real1, span),
-                             past_key_values=cache, use_cache=True).logits[:, -1]
+                             **{self.cache_kw: cache}, use_cache=True).logits[:, -1]
             cache.lengths += 1
             return out
         return logits, step
@@ -392,13 +394,13 @@ class HFPolicy:
         att = att.to(device)
         pos = (att.cumsum(1) - 1).clamp(min=0)
         out = self.model(input_ids=ids.to(device), attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
-        state = {"cache": out.past_key_values, "att": att, "pos": pos[:, -1:]}
+        state = {"cache": returned_cache(out), "att": att, "pos": pos[:, -1:]}
 
         def step(tokens):  # (B,) -> logits (B, V)
             state["att"] = torch.cat([state["att"], state["att"].new_ones((B, 1))], 1)
             state["pos"] = state["pos"] + 1
             return self.model(input_ids=tokens[:, None], attention_mask=state["att"], position_ids=state["pos"],
-                              past_key_values=state["cache"], use_cache=True).logits[:, -1]
+                              **{self.cache_kw: state["cache"]}, use_cache=True).logits[:, -1]
         return out.logits[:, -1], step
 
     def _graphed(self, step, cache):

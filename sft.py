@@ -280,6 +280,11 @@ def main():
         random.Random(args.seed * 1000 + epoch).shuffle(perm)
         return perm[k * args.batch:(k + 1) * args.batch]
 
+    if resume and step >= total:  # its final evaluation and save are done: running them again would repeat rows
+        print(f"--resume: {args.out} holds the final checkpoint (step {step} of {total}): nothing to do")
+        stop_ranks()
+        return
+
     # ---- loop
     from eval import evaluate_standard
     metrics_path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None

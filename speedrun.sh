@@ -4,6 +4,7 @@
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
 #   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
+#   RESUME=1 ...                  # after a crash or a stop: the same settings again, each stage going on from its last checkpoint in OUT
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
 #                            # RL first on block puzzles (one decision each), then on games and threat puzzles
@@ -98,13 +99,17 @@ else
 fi
 SFT="$SFT --keep $KEEP --seed $SEED"
 RL="$RL --seed $SEED ${RL_FLAGS:-}"  # RL_FLAGS: more rl.py flags, after the recipe's (the last of a flag wins)
+# RESUME=1: every sft.py and rl.py stage passes --resume (a stage already finished does nothing, one without a
+# checkpoint starts fresh) and the logs are appended to; the report's times are then this invocation's alone
+RESUME_FLAG=""; TEE="tee"
+if [ "${RESUME:-0}" = "1" ]; then RESUME_FLAG="--resume"; TEE="tee -a"; fi
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 SECONDS=0
 stamp() { echo "[speedrun ${SECONDS}s] $*"; }
 
 stamp "1-2. scratch model + SFT on the teacher ($TEACHER_FLAGS)"
-python sft.py --model scratch $TEACHER_FLAGS $SFT --env_args "$SFT_ENV" --out "$OUT/sft" | tee "$OUT/sft.log"
+python sft.py --model scratch $TEACHER_FLAGS $SFT --env_args "$SFT_ENV" --out "$OUT/sft" $RESUME_FLAG | $TEE "$OUT/sft.log"
 T_SFT=$SECONDS
 
 RL_FROM="$OUT/sft"
@@ -112,13 +117,14 @@ PUZZLE_RL=""
 if [ "$PUZZLE_STEPS" -gt 0 ]; then
   PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0"
   stamp "3a. RL on block puzzles from the SFT model"
-  python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" | tee "$OUT/rl_puzzles.log"
+  python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
   RL_FROM="$OUT/rl_puzzles"
 fi
 
 stamp "3. RL from $RL_FROM"
-rm -rf "$OUT/rl_best"  # an earlier run's best weights must not stand in for this run's RL model
-python rl.py --model "$RL_FROM" $RL --env_args "$RL_ENV" --out "$OUT/rl" | tee "$OUT/rl.log"
+# an earlier run's best weights must not stand in for this run's RL model (a resumed run's are its own)
+if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_best"; fi
+python rl.py --model "$RL_FROM" $RL --env_args "$RL_ENV" --out "$OUT/rl" $RESUME_FLAG | $TEE "$OUT/rl.log"
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"

@@ -55,6 +55,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a slow measurement (e.g. throughput); skipped unless --runslow")
+    # transformers 5.24 renamed the cache argument and drops the old name in 5.40: passing it fails a test here
+    # rather than a user's run later (common.cache_kwarg)
+    config.addinivalue_line("filterwarnings", "error:`past_key_values` is deprecated:FutureWarning")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -140,3 +140,9 @@ def test_scratch_smoke_and_exact_resume(tmp_path):
     assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-2000:]
     wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    # a finished run resumed (speedrun.sh RESUME=1 after a later stage stopped) does nothing: no second final
+    # evaluation in the log
+    rows = open(os.path.join(b, "metrics.jsonl")).read()
+    res = sft(*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume")
+    assert res.returncode == 0 and "nothing to do" in res.stdout, res.stderr[-2000:]
+    assert open(os.path.join(b, "metrics.jsonl")).read() == rows
