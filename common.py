@@ -116,8 +116,8 @@ def train_autocast(device):
 
 
 def cache_kwarg(module):
-    """The name under which a transformers model's forward takes its KV cache: `cache` from transformers 5.24 on
-    (which warns at the old name, and drops it in 5.40), `past_key_values` before."""
+    """The name under which a transformers model's forward takes its KV cache: `cache` in recent transformers (5.24
+    warns at the old name, which 5.40 drops), `past_key_values` in older ones (5.17)."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
