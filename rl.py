@@ -193,7 +193,7 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                 ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split(sizes) if ref_model else [None] * len(micro)
                 before.update({i: (o, r) for i, o, r in zip(micro, old, ref)})
 
-    stats = {"entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "logp_mismatch": 0.0, "train_tokens": 0, "skipped": 0}
+    stats = {"entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "logp_mismatch": 0.0, "kl": 0.0, "train_tokens": 0, "skipped": 0}
     counted = 0
     for epoch in range(args.ppo_epochs):
         for minibatch in minibatches:
@@ -212,6 +212,9 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                     sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
                     stats["logp_mismatch"] += (old_logp - sampled).abs().sum().item()
                 stats["entropy"] += entropy.sum().item()
+                if ref_logp is not None:  # the penalty's own estimate of KL(policy || reference), per token
+                    d = ref_logp - logp.detach()
+                    stats["kl"] += (torch.exp(d) - d - 1).sum().item()
                 stats["clip_frac"] += clipped.float().sum().item()
                 stats["train_tokens"] += int(mask.numel())
                 counted += len(logp)
@@ -226,11 +229,12 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
             opt.step()
             opt.zero_grad(set_to_none=True)
             stats["grad_norm"] = grad_norm.item()
-    keys = ("entropy", "clip_frac", "logp_mismatch", "train_tokens")
+    keys = ("entropy", "clip_frac", "logp_mismatch", "kl", "train_tokens")
     *sums, counted = sum_over_ranks([stats[k] for k in keys] + [counted])
     stats.update(zip(keys, sums))
     stats["entropy"] /= max(counted, 1)
     stats["clip_frac"] /= max(counted, 1)
+    stats["kl"] /= max(counted, 1)
     stats["logp_mismatch"] /= max(counted // args.ppo_epochs, 1)
     return stats
 
@@ -472,6 +476,8 @@ def main():
                  logp_mismatch=stats["logp_mismatch"], zero_adv=sum(z for share in shares for z in share[1]) / args.batch,
                  gen_tokens_per_s=sum(share[2] for share in shares) / t_gen, train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
                  step_time=time.time() - t0, skipped_updates=stats["skipped"])
+        if ref_model is not None:
+            m["kl"] = stats["kl"]
         if device.startswith("cuda"):
             m["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         log_line(step, m, metrics_path)
