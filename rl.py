@@ -116,6 +116,13 @@ def group_advantages(rewards, group, scale_rewards="none"):
 # ----------------------------------------------------------------------------- 3. the loss
 
 
+def kl_k3(logp, ref_logp):
+    """Per-token k3 estimate of KL(policy || reference) from sampled tokens' logprobs: exp(d) - d - 1 with
+    d = ref - logp, >= 0 and unbiased (Schulman's k3)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
 def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_high=0.2, ref_logp=None, beta=0.0):
     """Sum over tokens of weight * per-token loss; every argument is (N,) over the loss tokens.
 
@@ -139,8 +146,7 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
     else:
         raise ValueError(f"unknown loss {loss!r}: cispo or grpo")
     if beta > 0:
-        d = ref_logp - logp
-        per_token = per_token + beta * (torch.exp(d) - d - 1)
+        per_token = per_token + beta * kl_k3(logp, ref_logp)
     return (per_token * weight).sum(), clipped
 
 
@@ -212,9 +218,8 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                     sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
                     stats["logp_mismatch"] += (old_logp - sampled).abs().sum().item()
                 stats["entropy"] += entropy.sum().item()
-                if ref_logp is not None:  # the penalty's own estimate of KL(policy || reference), per token
-                    d = ref_logp - logp.detach()
-                    stats["kl"] += (torch.exp(d) - d - 1).sum().item()
+                if ref_logp is not None:  # the penalty's own estimate, logged
+                    stats["kl"] += kl_k3(logp.detach(), ref_logp).sum().item()
                 stats["clip_frac"] += clipped.float().sum().item()
                 stats["train_tokens"] += int(mask.numel())
                 counted += len(logp)
