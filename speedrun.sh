@@ -57,7 +57,7 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
     SFT_OPENING_PLAYER=random
     PUZZLE_STEPS_DEFAULT=60
     EXPLOIT_DEFAULT=0  # measured without the exploiter
-    RL_STEPS=${RL_STEPS:-120}  # three seeds (8 block puzzles a step): 186, 216, 331 lost lines at step 60; 151, 162, 230 at step 120
+    RL_STEPS=${RL_STEPS:-120}  # three seeds: 77, 218, 159 lost lines at step 60; 84, 207, 123 at step 120
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
