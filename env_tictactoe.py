@@ -146,13 +146,15 @@ def line_moves(model_first, replies, board):
 PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
-PUZZLE_KINDS = ("block", "win", "threat")
+PUZZLE_KINDS = ("block", "win", "threat", "opening")
 
 
 def demands(board, kind):
     """Does X to move on `board` face a puzzle of `kind`: "block" (O threatens one line, X has no win, and the game is
-    not yet lost, so the block is the one move that keeps it), "win" (a line for X to complete now) or "threat"
-    (either)?"""
+    not yet lost, so the block is the one move that keeps it), "win" (a line for X to complete now), "threat"
+    (either) or "opening" (X's first or second move, where some move loses the position's value)?"""
+    if kind == "opening":
+        return board.count("X") <= 1 and len(best_moves(board, "X")) < len(free_cells(board))
     wins, their_wins = threats(board, "X"), threats(board, "O")
     block = not wins and len(their_wins) == 1 and value(board, "X") > -1
     return (kind != "win" and block) or (kind != "block" and bool(wins))
@@ -160,14 +162,16 @@ def demands(board, kind):
 
 def puzzle_line(rng, kind):
     """A line of uniformly random play, by both sides, to the first position that `demands` `kind`, X to move:
-    (model_first, replies, board), the fields of a replayed line's example (see TicTacToe.reset)."""
+    (model_first, replies, board), the fields of a replayed line's example (see TicTacToe.reset). An "opening"
+    puzzle is X's first or second move, drawn at random, so that the second moves are not all cut short by a first."""
     while True:
         model_first, board, replies = rng.random() < 0.5, "." * 9, {}
+        nth = rng.randrange(2) if kind == "opening" else None
         if not model_first:
             replies[board] = rng.choice(free_cells(board))
             board = play(board, replies[board], "O")
         while winner(board) is None:
-            if demands(board, kind):
+            if demands(board, kind) and nth in (None, board.count("X")):
                 return model_first, replies, board
             board = play(board, rng.choice(free_cells(board)), "X")
             if winner(board) is not None:
@@ -292,6 +296,7 @@ class TicTacToe:
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
         finite_non_negative = lambda x: number(x) and 0 <= x < float("inf")
+        kinds = [puzzle_kind] if isinstance(puzzle_kind, str) else puzzle_kind if isinstance(puzzle_kind, list) else []
         for name, value, ok, must in [
                 ("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
                 ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
@@ -307,7 +312,8 @@ class TicTacToe:
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
                 ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
                 ("puzzles", puzzles, number(puzzles) and 0 <= puzzles <= 1, "a share in [0, 1]"),
-                ("puzzle_kind", puzzle_kind, puzzle_kind in PUZZLE_KINDS, " or ".join(map(repr, PUZZLE_KINDS))),
+                ("puzzle_kind", puzzle_kind, kinds and all(k in PUZZLE_KINDS for k in kinds),
+                 " or ".join(map(repr, PUZZLE_KINDS)) + ", or a list of them"),
                 ("puzzle_turns", puzzle_turns, integer(puzzle_turns) and puzzle_turns >= 1, "a positive integer")]:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
@@ -315,7 +321,7 @@ class TicTacToe:
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         self.opening_player, self.replay_from = opening_player, replay_from
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
-        self.puzzles, self.puzzle_kind, self.puzzle_turns = puzzles, puzzle_kind, puzzle_turns
+        self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
         # an instance's weights: the class's are every other game's
         extra = {name: w for name, w in (("check", check_reward), ("optimal", optimal_reward)) if w}
         if extra:
@@ -327,7 +333,7 @@ class TicTacToe:
     def examples(self, n, seed=0):
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]. With `puzzles`, each
         example is, with that probability, a puzzle: a game that starts where random play first reached a position
-        demanding `puzzle_kind` (`puzzle_line`), its moves listed as an opening's, cut off after `puzzle_turns` replies."""
+        demanding `puzzle_kind` (`puzzle_line`; of a list, one kind drawn per puzzle), its moves listed as an opening's, cut off after `puzzle_turns` replies."""
         rng, puzzle_rng = random.Random(seed), stable_rng(seed, "puzzles")
         width = (self.hi - self.lo) / self.num_groups
         rows = []
@@ -335,7 +341,8 @@ class TicTacToe:
             p = self.lo + width * (i % self.num_groups + rng.random())
             rows.append({"seed": rng.randrange(2**31), "random_move_prob": min(p, self.hi)})
             if self.puzzles and puzzle_rng.random() < self.puzzles:
-                model_first, replies, board = puzzle_line(puzzle_rng, self.puzzle_kind)
+                kind = self.puzzle_kinds[0] if len(self.puzzle_kinds) == 1 else puzzle_rng.choice(self.puzzle_kinds)
+                model_first, replies, board = puzzle_line(puzzle_rng, kind)
                 rows[-1].update(model_first=model_first, replies=replies, position=board, max_turns=self.puzzle_turns)
         return rows
 
@@ -524,8 +531,9 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     solver scores every decision, so a missed block is paid for even when a weak opponent lets it go; the reward
     then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
     puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
-    (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now) or "threat"
-    (either), and end after puzzle_turns replies, so that a group's rollouts answer one decision (with
+    (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now), "threat"
+    (either) or "opening" (X's first or second move, where some move loses the value), or a list of kinds (one
+    drawn per puzzle), and end after puzzle_turns replies, so that a group's rollouts answer one decision (with
     optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
     opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""

@@ -7,7 +7,7 @@
 #   RESUME=1 ...                  # after a crash or a stop: the same settings again, each stage going on from its last checkpoint in OUT
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
-#                            # RL first on block puzzles (one decision each), then on games and threat puzzles
+#                            # RL first on block and opening puzzles (one decision each), then on games and puzzles
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -37,9 +37,10 @@ RL_REWARDS=""  # more reward components in RL's environment
 SFT_OPENING=""  # SFT's opening rounds, if not OPENING
 SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
 PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins)
-# the puzzle stage's episodes a step: 32 positions of 8 rollouts; with the main RL's 8 positions a step, its sampled
-# block rate swung by 0.4 from step to step and the stage's certificate varied by seed, 288-455 lost lines (32: 215-333)
-PUZZLE_BATCH=256
+# the puzzle stage's episodes a step: 48 positions of 8 rollouts, about 32 blocks and 16 openings; with the main RL's
+# 8 positions a step its sampled block rate swung by 0.4 from step to step and the stage's certificate varied by
+# seed, 288-455 lost lines (32 blocks alone: 215-333; with the 16 openings: 170-257)
+PUZZLE_BATCH=384
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
@@ -49,15 +50,16 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # rules_wins: RL left alone rewrites the wins check as `Wins: me none, opponent none.`; a reward for a true one keeps
   # it. RL then learns from puzzles: games that start where random play reached a threat (SFT's random-X openings
   # teach the student the message such a start writes), cut off after one reply that the solver scores
-  # (optimal_reward), so a group's rollouts compare that one decision: first PUZZLE_STEPS steps of block puzzles
-  # alone, then half of each batch threat puzzles (a win to take or a threat to block), half whole games
+  # (optimal_reward), so a group's rollouts compare that one decision: first PUZZLE_STEPS steps of puzzles, two
+  # blocks to one opening (X's first or second move, where many lost lines began), then half of each batch puzzles
+  # (a win to take or a threat to block, or an opening), half whole games
   if [ "$TEACHER" = "rules_wins" ]; then
     RL_REWARDS=', "check_reward": 0.5, "optimal_reward": 1.0'
     SFT_OPENING=3
     SFT_OPENING_PLAYER=random
     PUZZLE_STEPS_DEFAULT=60
     EXPLOIT_DEFAULT=0  # measured without the exploiter
-    RL_STEPS=${RL_STEPS:-120}  # three seeds: 77, 218, 159 lost lines at step 60; 84, 207, 123 at step 120
+    RL_STEPS=${RL_STEPS:-120}  # three seeds: 42, 168, 121 lost lines at step 120
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -88,8 +90,8 @@ SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": ${SFT_OPENING:-$OPENING}${SF
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
 RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
-PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": \"block\"}"
-if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": \"threat\"}"; fi
+PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [\"block\", \"block\", \"opening\"]}"
+if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [\"threat\", \"opening\"]}"; fi
 if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
@@ -119,7 +121,7 @@ RL_FROM="$OUT/sft"
 PUZZLE_RL=""
 if [ "$PUZZLE_STEPS" -gt 0 ]; then
   PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
-  stamp "3a. RL on block puzzles from the SFT model"
+  stamp "3a. RL on block and opening puzzles from the SFT model"
   python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
   RL_FROM="$OUT/rl_puzzles"
 fi

@@ -627,6 +627,28 @@ def test_puzzles_start_where_random_play_first_demands_the_kind_and_end_after_pu
             ttt.load_environment(**bad)
 
 
+def test_opening_puzzles_are_first_and_second_moves_that_can_lose_and_a_list_draws_a_kind_per_puzzle():
+    """puzzle_kind="opening": X's first or second move of a random line (each about as often), where some move loses
+    the position's value; a list of kinds draws one per puzzle, each about as often, and a one-kind list is that
+    kind."""
+    positions = [ex["position"] for ex in ttt.load_environment(puzzles=1.0, puzzle_kind="opening").examples(600, seed=3)]
+    for board in positions:
+        assert board.count("O") - board.count("X") in (0, 1) and my_winner(board) is None and board.count("X") <= 1
+        assert len(ttt.best_moves(board, "X")) < len(ttt.free_cells(board))  # a move that loses the value
+    stones = Counter(9 - b.count(".") for b in positions)
+    assert set(stones) == {1, 2, 3} and stones[1] > 150 and stones[2] > 150 and stones[3] > 100  # first moves: 1 stone
+    env = ttt.load_environment(puzzles=1.0, puzzle_kind=["block", "opening"])
+    openings = sum(ttt.demands(ex["position"], "opening") and not ttt.demands(ex["position"], "block")
+                   for ex in env.examples(400, seed=3))
+    assert 150 < openings < 250
+    assert all(ttt.demands(ex["position"], "block") or ttt.demands(ex["position"], "opening") for ex in env.examples(400, seed=3))
+    one = ttt.load_environment(puzzles=0.5, puzzle_kind=["threat"]).examples(100, seed=3)
+    assert one == ttt.load_environment(puzzles=0.5, puzzle_kind="threat").examples(100, seed=3)
+    for bad in ([], ["fork"], ["block", "fork"], "fork", ("block",)):
+        with pytest.raises(ValueError, match="puzzle_kind"):
+            ttt.load_environment(puzzle_kind=bad)
+
+
 def test_certificate_and_evaluation_ignore_puzzles():
     """The certificate (and so the exploiter) plays every line from the empty board whatever the puzzles share, and
     the standard evaluations play full games."""

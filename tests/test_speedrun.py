@@ -63,12 +63,13 @@ def test_quick_speedrun(speedruns, teacher):
         assert sum(1 for _ in open(os.path.join(out, "sft", "teacher_games.jsonl"))) == len(open(os.path.join(out, "sft", "data.jsonl")).readlines())
         assert "moves so far" not in open(os.path.join(out, "sft", "data.jsonl")).read()
     elif teacher == "rules_wins":  # random moves, the think stating the wins; games from random-X openings; RL first
-        # on block puzzles, then on games and threat puzzles, each stage's command in the report
+        # on block and opening puzzles, then on games and threat and opening puzzles, each stage's command in the report
         assert all(r.startswith("<think>Wins: me ") and "threat" not in r for r in replies)
         assert "moves so far" in open(os.path.join(out, "sft", "data.jsonl")).read()
         puzzle_args = json.load(open(os.path.join(out, "rl_puzzles", "rl_args.json")))
         assert json.loads(puzzle_args["env_args"])["puzzles"] == 1.0 and puzzle_args["steps"] == 2 and puzzle_args["exploit"] == 0
-        assert json.loads(json.load(open(os.path.join(out, "rl", "rl_args.json")))["env_args"])["puzzle_kind"] == "threat"
+        assert json.loads(puzzle_args["env_args"])["puzzle_kind"] == ["block", "block", "opening"]
+        assert json.loads(json.load(open(os.path.join(out, "rl", "rl_args.json")))["env_args"])["puzzle_kind"] == ["threat", "opening"]
         assert f"python rl.py --model {out}/sft " in report and f"--out {out}/rl_puzzles" in report
         assert f"python rl.py --model {out}/rl_puzzles " in report
     else:
