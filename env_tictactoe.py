@@ -333,7 +333,8 @@ class TicTacToe:
     def examples(self, n, seed=0):
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]. With `puzzles`, each
         example is, with that probability, a puzzle: a game that starts where random play first reached a position
-        demanding `puzzle_kind` (`puzzle_line`; of a list, one kind drawn per puzzle), its moves listed as an opening's, cut off after `puzzle_turns` replies."""
+        demanding `puzzle_kind` (`puzzle_line`; of a list, one kind drawn per puzzle), its moves listed as an
+        opening's, cut off after `puzzle_turns` replies."""
         rng, puzzle_rng = random.Random(seed), stable_rng(seed, "puzzles")
         width = (self.hi - self.lo) / self.num_groups
         rows = []
@@ -341,6 +342,7 @@ class TicTacToe:
             p = self.lo + width * (i % self.num_groups + rng.random())
             rows.append({"seed": rng.randrange(2**31), "random_move_prob": min(p, self.hi)})
             if self.puzzles and puzzle_rng.random() < self.puzzles:
+                # one kind draws nothing, so that its examples are the same as before lists of kinds
                 kind = self.puzzle_kinds[0] if len(self.puzzle_kinds) == 1 else puzzle_rng.choice(self.puzzle_kinds)
                 model_first, replies, board = puzzle_line(puzzle_rng, kind)
                 rows[-1].update(model_first=model_first, replies=replies, position=board, max_turns=self.puzzle_turns)
