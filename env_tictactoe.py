@@ -342,7 +342,7 @@ class TicTacToe:
             p = self.lo + width * (i % self.num_groups + rng.random())
             rows.append({"seed": rng.randrange(2**31), "random_move_prob": min(p, self.hi)})
             if self.puzzles and puzzle_rng.random() < self.puzzles:
-                # one kind draws nothing, so that its examples are the same as before lists of kinds
+                # one kind draws nothing: a one-kind list gives the same examples as that kind alone
                 kind = self.puzzle_kinds[0] if len(self.puzzle_kinds) == 1 else puzzle_rng.choice(self.puzzle_kinds)
                 model_first, replies, board = puzzle_line(puzzle_rng, kind)
                 rows[-1].update(model_first=model_first, replies=replies, position=board, max_turns=self.puzzle_turns)
