@@ -181,7 +181,7 @@ def bench_shape(shape, args, device):
         model.gradient_checkpointing_enable()
     env = FixedEnv(args.system_tokens, args.env_tokens, args.turns)
     policy = HFPolicy(model, tokenizer, env.system_prompt, rl_args.temp, 1.0, args.reply_tokens, rl_args.gen_batch,
-                      min_new_tokens=args.reply_tokens)
+                      min_new_tokens=args.reply_tokens, cuda_graphs=args.cuda_graphs)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99))
     amp = train_autocast(device)
     cuda = device.startswith("cuda")
@@ -221,7 +221,8 @@ def bench_shape(shape, args, device):
            "floor_s": floor_s, "floor_frac": floor_s / median("gen_s") if floor_s else None,
            "upd_tok_s": sum(len(r["ids"]) for r in records) / median("update_s"),
            "mfu": flops / median("update_s") / peak_flops if peak_flops else None,
-           "peak_gb": max(r["peak_gb"] for r in timed) if cuda else None}
+           "peak_gb": max(r["peak_gb"] for r in timed) if cuda else None, "cuda_graphs": policy.cuda_graphs,
+           "grad_ckpt": rl_args.grad_ckpt}
     out["other_s"] = out["step_s"] - out["gen_s"] - out["update_s"]
     del model, opt, policy
     if cuda:
@@ -245,7 +246,8 @@ def table(results, device_name):
              "| shape | params | gen tok/s | floor % | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['shape']} | {r['params'] / 1e6:,.1f}M | {r['gen_tok_s']:,.0f} | "
+        setting = ", ".join(s for s, on in (("graphs", r["cuda_graphs"]), ("grad ckpt", r["grad_ckpt"])) if on)
+        lines.append(f"| {r['shape']}{f' ({setting})' if setting else ''} | {r['params'] / 1e6:,.1f}M | {r['gen_tok_s']:,.0f} | "
                      f"{fmt(r['floor_frac'] and 100 * r['floor_frac'], '.0f')} | {r['upd_tok_s']:,.0f} | "
                      f"{fmt(r['mfu'] and 100 * r['mfu'], '.0f')} | {fmt(r['peak_gb'], '.1f')} | "
                      f"{r['step_s']:.2f} ({r['gen_s']:.2f} / {r['update_s']:.2f} / {r['other_s']:.2f}) |")
@@ -267,6 +269,8 @@ def main():
     p.add_argument("--gen_batch", type=int, default=512, help="rl.py --gen_batch: max episodes per rollout batch")
     p.add_argument("--token_budget", type=int, default=32768, help="rl.py --token_budget: padded tokens per micro-batch")
     p.add_argument("--grad_ckpt", action="store_true", help="rl.py --grad_ckpt: gradient checkpointing in the update")
+    p.add_argument("--cuda_graphs", action="store_true", help="decode with CUDA graphs (GPU; not yet exact there, see "
+                   "sample.py: for measuring only)")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s (default: from the GPU's name)")
     p.add_argument("--peak_tflops", type=float, default=None, help="bf16 dense peak in TFLOP/s (default: from the GPU's name)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")

@@ -21,8 +21,10 @@ The engine, and why not generate(): a rollout batch keeps ONE preallocated KV ca
 episode has its own row for the whole game (a prompt shared by a group's rollouts is encoded once, its row copied
 for each). A turn writes only each row's new tokens at that row's end (the environment's message) and decodes from
 there; finished episodes leave at turn boundaries. A decoding step is one forward of the HF model and the sampling,
-and on a GPU that step is captured once per turn as a CUDA graph, so the per-token cost is the kernels, not Python.
-generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
+with fixed shapes for the whole turn and no host sync. Capturing that step as a CUDA graph (`cuda_graphs=True`) is
+there to be measured, not used: on an H100 the graphed step's logprobs were up to 10 nats from a replay of the
+same tokens while the eager step matched it (docs/GPU.md), so it stays off until `docs/gpu_check.py exact` passes
+on a GPU. generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
 continuing a game meant re-stacking every episode's cache each turn (two copies of it at once), and it pays its
 per-token Python and launch overhead at every step. Models with recurrent layers (LFM2's convolutions, Qwen3.5's
 linear attention), whose state a padded write would disturb, re-encode the conversation each turn through the
@@ -208,7 +210,7 @@ def _grouped_attention():
         query = query.reshape(B, key.shape[1], G * W, D)
         mask = attention_mask[:, :, None].expand(B, 1, G, W, attention_mask.shape[-1]).reshape(B, 1, G * W, -1)
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
-        return out.view(B, Hq, W, D).transpose(1, 2).contiguous(), None  # (B, W, Hq, D)
+        return out.reshape(B, Hq, W, D).transpose(1, 2).contiguous(), None  # (B, W, Hq, D)
 
     AttentionInterface.register("rollout_rows", attention)
     return "rollout_rows"
@@ -241,12 +243,12 @@ class HFPolicy:
 
     Plain-attention models (Llama, Qwen3, Gemma 3, ...): each rollout batch of up to `batch_size` episodes keeps one
     RowCache for the whole game; a turn encodes only each row's new tokens (the previous reply's last token, the
-    environment's message) and decodes from there. On a GPU every decoding step is one CUDA graph: one forward and
-    the sampling, without the per-token Python and kernel launches of generate(). Other models (LFM2, Qwen3.5)
+    environment's message) and decodes from there, one forward and the sampling per token (a CUDA graph of it with
+    cuda_graphs=True, not yet exact: see the module doc). Other models (LFM2, Qwen3.5)
     re-encode the conversation every turn with the model's own cache (`reuse_cache` False does that for all)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                 reuse_cache=True, min_new_tokens=0, seed=0):
+                 reuse_cache=True, min_new_tokens=0, seed=0, cuda_graphs=False):
         self.model, self.tokenizer, self.seed = model, tokenizer, seed
         self.cache_kw = cache_kwarg(model)
         self.chat = ChatTokens(tokenizer, system_prompt)
@@ -257,8 +259,9 @@ class HFPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
         # on a GPU: sample under bf16 autocast, as the model trains (a trained model keeps fp32 weights, load_model),
-        # keep the KV cache in bf16, and replay each decoding step as a CUDA graph
-        self.autocast = self.cuda_graphs = model.device.type == "cuda"
+        # and keep the KV cache in bf16
+        self.autocast = model.device.type == "cuda"
+        self.cuda_graphs = cuda_graphs and self.autocast
 
     def __call__(self, episodes):
         for ep in episodes:  # bring each trajectory up to the generation prompt of this turn
@@ -428,6 +431,9 @@ class HFPolicy:
             tokens.copy_(new_tokens)
             graph.replay()
             return logits
+        # the graph reads and writes buffers that only the eager step holds (its token input, its one-column mask):
+        # freed with it, their memory would go to other tensors while the graph still writes there
+        replay.eager_step = step
         return replay
 
     def _uniforms(self, episodes, device):

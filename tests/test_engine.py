@@ -7,6 +7,7 @@ Each must be token-exact (greedy tokens are the argmax of an unpadded forward ov
 logprob-exact (at the sampling temperature); the plain-attention ones run on the RowCache and must match
 re-encoding every turn, the others re-encode.
 """
+import contextlib
 import sys
 from pathlib import Path
 
@@ -128,3 +129,39 @@ def test_sampled_logprobs_are_the_tempered_model(arch, short_env):
         pos = torch.tensor([t for t, m in enumerate(rec["mask"]) if m])
         got = torch.tensor(rec["logprobs"])[pos]
         torch.testing.assert_close(got, want[pos - 1, torch.tensor(rec["ids"])[pos]], atol=5e-4, rtol=0)
+
+
+def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypatch):
+    """A CUDA graph of the decoding step reads and writes, at every replay, the tensors the eager step holds (its
+    token input, its mask): those must live as long as the graph, else their memory goes to other tensors while the
+    graph still writes there. On this CPU the CUDA calls are stand-ins: capture runs the step once, and each replay
+    checks (after a garbage collection) that every tensor of the captured step is still alive."""
+    import gc
+    import weakref
+    model, tok = sharp_model
+    captured, replays = [], []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def replay(self):
+            gc.collect()
+            replays.append(all(ref() is not None for ref in captured))
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    graphed = HFPolicy._graphed
+
+    def spy(self, step, cache):
+        captured[:] = [weakref.ref(c.cell_contents) for c in step.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+        return graphed(self, step, cache)
+    monkeypatch.setattr(HFPolicy, "_graphed", spy)
+    policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, batch_size=4)
+    policy.cuda_graphs = True  # on this CPU, with the stand-ins above
+    rollout(short_env, short_env.examples(2, seed=0), policy, group=2, progress=False)
+    assert len(captured) >= 2 and replays and all(replays), "a graph replayed after the eager step's buffers were freed"
