@@ -4,7 +4,7 @@ of a real shape, built offline from transformers' config classes (no download).
 
     python bench.py --shape tiny                                   # CPU, seconds (CI runs it)
     python bench.py --shape qwen3-0.6b qwen3-1.7b lfm2-2.6b        # one GPU: the table in the README
-    python bench.py --shape lfm2-2.6b --grad_ckpt --out out/bench.jsonl
+    python bench.py --shape qwen3-0.6b --grad_ckpt off --token_budget 16384   # the update without checkpointing
 
 Random weights write noise, so the benchmark fixes the workload, not the model: every step is --examples x --group
 episodes (default 32 x 8 = 256) of --turns model turns (5) of exactly --reply_tokens sampled tokens (64; the
@@ -34,7 +34,7 @@ import zlib
 import torch
 
 import rl
-from common import on_device, pick_device, train_autocast
+from common import enable_grad_ckpt, on_device, pick_device, train_autocast
 from sample import HFPolicy
 
 # ----------------------------------------------------------------------------- model shapes
@@ -176,9 +176,8 @@ def bench_shape(shape, args, device):
     model, tokenizer = build_model(shape, device)
     rl_args = rl.parse_args(["--batch", str(args.examples * args.group), "--group", str(args.group), "--temp", str(args.temp),
                              "--max_new_tokens", str(args.reply_tokens), "--token_budget", str(args.token_budget),
-                             "--gen_batch", str(args.gen_batch)] + (["--grad_ckpt"] if args.grad_ckpt else []))
-    if rl_args.grad_ckpt:
-        model.gradient_checkpointing_enable()
+                             "--gen_batch", str(args.gen_batch), "--grad_ckpt", args.grad_ckpt])
+    grad_ckpt = enable_grad_ckpt(model, rl_args.grad_ckpt, device)
     env = FixedEnv(args.system_tokens, args.env_tokens, args.turns)
     policy = HFPolicy(model, tokenizer, env.system_prompt, rl_args.temp, 1.0, args.reply_tokens, rl_args.gen_batch,
                       min_new_tokens=args.reply_tokens, cuda_graphs=args.cuda_graphs)
@@ -221,8 +220,9 @@ def bench_shape(shape, args, device):
            "floor_s": floor_s, "floor_frac": floor_s / median("gen_s") if floor_s else None,
            "upd_tok_s": sum(len(r["ids"]) for r in records) / median("update_s"),
            "mfu": flops / median("update_s") / peak_flops if peak_flops else None,
-           "peak_gb": max(r["peak_gb"] for r in timed) if cuda else None, "cuda_graphs": policy.cuda_graphs,
-           "grad_ckpt": rl_args.grad_ckpt}
+           "peak_gb": max(r["peak_gb"] for r in timed) if cuda else None,
+           "cuda_graphs": policy.cuda_graphs and policy.reuse_cache,  # graphs decode on the RowCache only
+           "grad_ckpt": grad_ckpt}
     out["other_s"] = out["step_s"] - out["gen_s"] - out["update_s"]
     del model, opt, policy
     if cuda:
@@ -268,7 +268,8 @@ def main():
     p.add_argument("--warmup_steps", type=int, default=1, help="untimed steps first (allocator, kernels, graphs)")
     p.add_argument("--gen_batch", type=int, default=512, help="rl.py --gen_batch: max episodes per rollout batch")
     p.add_argument("--token_budget", type=int, default=32768, help="rl.py --token_budget: padded tokens per micro-batch")
-    p.add_argument("--grad_ckpt", action="store_true", help="rl.py --grad_ckpt: gradient checkpointing in the update")
+    p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                   help="rl.py --grad_ckpt: gradient checkpointing in the update (auto: on for 300M+ parameters on a GPU)")
     p.add_argument("--cuda_graphs", action="store_true", help="decode with CUDA graphs (GPU; not yet exact there, see "
                    "sample.py: for measuring only)")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s (default: from the GPU's name)")

@@ -210,6 +210,19 @@ def token_logprobs(model, ids, mask, temp, chunk=2048):
 # ----------------------------------------------------------------------------- a training run: flags, schedule, checkpoints, exact resume
 
 
+GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # --grad_ckpt auto turns it on from this many parameters, on a GPU
+
+
+def enable_grad_ckpt(model, setting, device):
+    """Gradient checkpointing as --grad_ckpt says (auto: on for a model of GRAD_CKPT_AUTO_PARAMS+ parameters on a
+    GPU); returns whether it is on."""
+    big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS
+    on = setting == "on" or (setting == "auto" and device.startswith("cuda") and big)
+    if on:
+        model.gradient_checkpointing_enable()
+    return on
+
+
 def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_n, save_every):
     """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
@@ -218,7 +231,10 @@ def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_
     p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
     p.add_argument("--token_budget", type=int, default=token_budget, help="max padded tokens per micro-batch (gradient accumulation above it)")
-    p.add_argument("--grad_ckpt", action="store_true", help="gradient checkpointing in the transformer (less memory, slower)")
+    p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                   help="gradient checkpointing in the transformer (less memory, slower; --grad_ckpt alone: on). auto: on "
+                   f"for a model of {GRAD_CKPT_AUTO_PARAMS // 10**6}M+ parameters on a GPU (without it a 0.6B model's update "
+                   "at --token_budget 32768 needs more than 80 GB), off otherwise")
     p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
     p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
     p.add_argument("--eval_every", type=int, default=eval_every, help="greedy game evaluation every N steps (0: only at the end)")

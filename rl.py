@@ -64,10 +64,10 @@ import torch
 
 from eval import evaluate_standard
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, check_ranks_agree, checkpoint_to_resume,
-                    disk_full_says_what_is_kept, finish_save, from_rank0, gather_from_ranks, load_env, load_model, log_eval,
-                    log_line, lr_at, non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state, save_checkpoint,
-                    start_or_resume, start_ranks, stop_ranks, sum_gradients, sum_over_ranks, token_logprobs, token_microbatches,
-                    train_autocast)
+                    disk_full_says_what_is_kept, enable_grad_ckpt, finish_save, from_rank0, gather_from_ranks,
+                    load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args,
+                    pick_device, positive, rng_state, save_checkpoint, start_or_resume, start_ranks, stop_ranks,
+                    sum_gradients, sum_over_ranks, token_logprobs, token_microbatches, train_autocast)
 from sample import POLICY_FLAG_RULES, HFPolicy, NonFiniteLogits, rollout, show
 
 # ----------------------------------------------------------------------------- 1. rollouts
@@ -389,8 +389,7 @@ def main():
     # ---- model
     model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
-    if args.grad_ckpt:
-        model.gradient_checkpointing_enable()
+    enable_grad_ckpt(model, args.grad_ckpt, device)
     policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch, seed=args.seed)
     greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
     amp = train_autocast(device)

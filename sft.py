@@ -36,10 +36,11 @@ import time
 
 import torch
 
-from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume, disk_full_says_what_is_kept,
-                    check_ranks_agree, load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args,
-                    pick_device, positive, rng_state, samples_when_served, save_checkpoint, start_or_resume, start_ranks, stop_ranks,
-                    sum_gradients, sum_over_ranks, token_logprobs, token_microbatches, train_autocast, wait_for_rank0)
+from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, check_ranks_agree, checkpoint_to_resume,
+                    disk_full_says_what_is_kept, enable_grad_ckpt, load_env, load_model, log_eval, log_line, lr_at,
+                    non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state, samples_when_served,
+                    save_checkpoint, start_or_resume, start_ranks, stop_ranks, sum_gradients, sum_over_ranks,
+                    token_logprobs, token_microbatches, train_autocast, wait_for_rank0)
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, has_scripted_player, make_policy, rollout
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -264,8 +265,7 @@ def main():
         raise SystemExit(f"every conversation is longer than --max_len {args.max_len}")
     print(f"data: {len(encoded)} conversations, {sum(len(i) for i, _ in encoded)} tokens, "
           f"{sum(sum(m) for _, m in encoded)} trained on" + (f", {dropped} dropped as longer than --max_len" if dropped else ""))
-    if args.grad_ckpt:
-        model.gradient_checkpointing_enable()
+    enable_grad_ckpt(model, args.grad_ckpt, device)
 
     # ---- optimizer
     steps_per_epoch = max(1, len(encoded) // args.batch)

@@ -368,3 +368,24 @@ def test_non_finite_weights_stop_the_rollout_with_a_message(tiny_model, short_en
     policy = HFPolicy(model, tiny_model[1], short_env.system_prompt, temp=1.0, max_new_tokens=4)
     with pytest.raises(SystemExit, match="not finite"):
         rl.sample_rollouts(short_env, short_env.examples(2), policy, 2, 0)
+
+
+def test_grad_ckpt_auto_is_on_for_big_models_on_a_gpu(tiny_model_dir, monkeypatch):
+    """--grad_ckpt: alone means on, absent means auto; auto turns checkpointing on only on a GPU and only from
+    GRAD_CKPT_AUTO_PARAMS parameters (a 0.6B model's update does not fit 80 GB without it)."""
+    import common
+    import rl
+    assert rl.parse_args([]).grad_ckpt == "auto" and rl.parse_args(["--grad_ckpt"]).grad_ckpt == "on"
+    assert rl.parse_args(["--grad_ckpt", "off"]).grad_ckpt == "off"
+    model, _ = common.load_model(tiny_model_dir, device="cpu")
+    n = sum(p.numel() for p in model.parameters())
+    checkpointing = lambda: model.get_decoder().gradient_checkpointing
+    assert not common.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()
+    assert not common.enable_grad_ckpt(model, "auto", "cuda") and not checkpointing()  # small: off
+    monkeypatch.setattr(common, "GRAD_CKPT_AUTO_PARAMS", n)
+    assert not common.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()  # big, but a CPU
+    assert not common.enable_grad_ckpt(model, "off", "cuda:0") and not checkpointing()
+    assert common.enable_grad_ckpt(model, "auto", "cuda:0") and checkpointing()
+    model.gradient_checkpointing_disable()
+    monkeypatch.setattr(common, "GRAD_CKPT_AUTO_PARAMS", n + 1)
+    assert common.enable_grad_ckpt(model, "on", "cpu") and checkpointing()
