@@ -26,9 +26,10 @@ there to be measured, not used: on an H100 the graphed step's logprobs were up t
 same tokens while the eager step matched it (docs/GPU.md), so it stays off until `docs/gpu_check.py exact` passes
 on a GPU. generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
 continuing a game meant re-stacking every episode's cache each turn (two copies of it at once), and it pays its
-per-token Python and launch overhead at every step. Models with recurrent layers (LFM2's convolutions, Qwen3.5's
-linear attention), whose state a padded write would disturb, re-encode the conversation each turn through the
-model's own cache, on the same decoding loop.
+per-token Python and launch overhead at every step. LFM2's short convolutions keep their state in the same row
+(each row's last inputs, placed before its new tokens). Models with linear attention (Qwen3.5), whose state a
+padded write would disturb, re-encode the conversation each turn through the model's own cache, on the same
+decoding loop.
 
 Sampling is inverse-CDF with one uniform number per token, drawn from a generator seeded by (seed, episode number,
 rollout, turn): an episode's tokens do not depend on which episodes share its batch, so --gen_batch, the order of
@@ -126,12 +127,24 @@ def _as_list(x):
 # ----------------------------------------------------------------------------- the decoding engine
 
 
-def plain_attention(config):
-    """True when every layer of the model is softmax attention over its own keys and values (full or in a sliding
-    window), so that a RowCache can hold them; recurrent layers (LFM2's convolutions, Qwen3.5's linear attention)
-    carry a state that a padded forward would disturb."""
-    types = getattr(config, "layer_types", None) or ["full_attention"]
-    return set(types) <= {"full_attention", "sliding_attention"}
+def row_cache_fits(model):
+    """True when every layer's state can live in a RowCache row: softmax attention over its own keys and values (full
+    or in a sliding window), or LFM2's short convolution, whose state is its last kernel - 1 inputs. Linear attention
+    (Qwen3.5) carries a state that a padded forward would disturb: such models re-encode every turn."""
+    types = getattr(model.config, "layer_types", None) or ["full_attention"]
+    convs = conv_modules(model)
+    return (set(types) <= {"full_attention", "sliding_attention", "conv"}
+            and all(isinstance(getattr(m, "conv", None), torch.nn.Conv1d) and hasattr(m, "in_proj") and hasattr(m, "out_proj")
+                    for m in convs.values()))
+
+
+def conv_modules(model):
+    """{layer index: its short-convolution module} of a model whose config lists "conv" layers (LFM2), else {}."""
+    types = getattr(model.config, "layer_types", None) or []
+    if "conv" not in types:
+        return {}
+    layers = model.get_decoder().layers
+    return {i: getattr(layers[i], "conv", None) for i, t in enumerate(types) if t == "conv"}
 
 
 def sliding_window(config):
@@ -152,13 +165,16 @@ class RowCache:
     of finished episodes (and repeats the row of an episode copied mid-game: eval.certify branches its lines).
     The buffers are copied only when they grow (reserve) or lose or repeat rows (gather). Layers call update() as
     they call a transformers Cache's and attend the first `span` positions of every row, with a mask that shows
-    each row its own."""
+    each row its own. A short-convolution layer (LFM2) keeps in `conv` each row's last kernel - 1 inputs
+    (_row_conv)."""
 
     def __init__(self, dtype):
         self.dtype, self.capacity = dtype, 0
         self.keys, self.values = {}, {}  # layer -> (B, H, capacity, D); the last position takes padding's writes
+        self.conv = {}  # layer -> (B, channels, kernel - 1): the row's last convolution inputs, oldest first
         self.lengths = None  # (B,) tokens cached per row, on the model's device
         self.write, self.span = None, 0
+        self.real = None  # (B, W) in a prefill: True on each row's new tokens (right-aligned); None when decoding
 
     def __deepcopy__(self, memo):  # a copied episode goes on from the same cache (and its own row: gather())
         return self
@@ -173,12 +189,27 @@ class RowCache:
         V[rows, :, self.write] = values.transpose(1, 2).to(self.dtype)
         return K[:, :, :self.span], V[:, :, :self.span]
 
+    def conv_state(self, layer, inputs, kernel):  # inputs (B, C, W) -> the rows' states (B, C, kernel - 1), zeros at first
+        if layer not in self.conv:
+            self.conv[layer] = inputs.new_zeros((inputs.shape[0], inputs.shape[1], kernel - 1))
+        return self.conv[layer][:inputs.shape[0]]
+
+    def snapshot(self):
+        """What rewind() puts back: the row lengths and convolution states (a warm-up decoding step moves both on)."""
+        return self.lengths.clone(), {layer: state.clone() for layer, state in self.conv.items()}
+
+    def rewind(self, saved):
+        lengths, conv = saved
+        self.lengths.copy_(lengths)
+        for layer, state in conv.items():
+            self.conv[layer].copy_(state)
+
     def gather(self, rows):
         """Row i of the next turn is row rows[i] of this one: one layer copied at a time."""
-        if rows == list(range(len(rows))) or not self.keys:
+        if rows == list(range(len(rows))) or not (self.keys or self.conv):
             return
-        index = torch.tensor(rows, device=next(iter(self.keys.values())).device)
-        for buffers in (self.keys, self.values):
+        index = torch.tensor(rows, device=next(iter({**self.keys, **self.conv}.values())).device)
+        for buffers in (self.keys, self.values, self.conv):
             for layer, buf in buffers.items():
                 if len(rows) <= buf.shape[0]:
                     buf[:len(rows)] = buf[index]
@@ -216,19 +247,45 @@ def _grouped_attention():
     return "rollout_rows"
 
 
-class _Attention:
-    """Within this context the model's layers use `implementation` (the config is read at every forward)."""
+def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
+    """LFM2's short convolution (y = out_proj(C * conv(B * x))) over a RowCache: each row's state, its last kernel - 1
+    inputs, goes right before that row's own new tokens (in a prefill they are right-aligned behind padding), and
+    the row's last kernel - 1 inputs become its new state. The same arithmetic as transformers' Lfm2ShortConv."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    channels, kernel = module.conv.weight.shape[0], module.conv.weight.shape[-1]
+    gate, c, x = module.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)  # (B, C, W) each
+    inputs = gate * x
+    state = cache.conv_state(layer, inputs, kernel)  # (B, C, kernel - 1)
+    seq = torch.cat([state, inputs], -1)  # (B, C, kernel - 1 + W)
+    if cache.real is not None:  # a prefill: row b's p_b padding columns first, then its state, then its tokens
+        pad = (~cache.real).sum(1, keepdim=True)  # (B, 1)
+        t = torch.arange(seq.shape[-1], device=seq.device)  # column of the rearranged sequence
+        source = torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))  # (B, kernel - 1 + W)
+        seq = seq.gather(-1, source[:, None, :].expand(-1, channels, -1))
+    out = torch.nn.functional.conv1d(seq, module.conv.weight, module.conv.bias, groups=channels)  # (B, C, W)
+    state.copy_(seq[:, :, -(kernel - 1):])  # in place: a CUDA graph of the decoding step keeps its buffers
+    return module.out_proj((c * out).transpose(-1, -2).contiguous())
 
-    def __init__(self, model, implementation):
+
+class _RowLayers:
+    """Within this context the model's attention layers use `implementation` (the config is read at every forward)
+    and its short-convolution layers run _row_conv; with implementation None nothing changes."""
+
+    def __init__(self, model, implementation, convs):
         self.config, self.implementation = model.config, implementation
+        self.convs = convs if implementation else {}
 
     def __enter__(self):
         self.saved = self.config._attn_implementation
         if self.implementation:
             self.config._attn_implementation = self.implementation
+        for layer, module in self.convs.items():
+            module.forward = functools.partial(_row_conv, module, layer)
 
     def __exit__(self, *exc):
         self.config._attn_implementation = self.saved
+        for module in self.convs.values():
+            del module.forward  # the class's own forward again
 
 
 # ----------------------------------------------------------------------------- policies
@@ -244,8 +301,9 @@ class HFPolicy:
     Plain-attention models (Llama, Qwen3, Gemma 3, ...): each rollout batch of up to `batch_size` episodes keeps one
     RowCache for the whole game; a turn encodes only each row's new tokens (the previous reply's last token, the
     environment's message) and decodes from there, one forward and the sampling per token (a CUDA graph of it with
-    cuda_graphs=True, not yet exact: see the module doc). Other models (LFM2, Qwen3.5)
-    re-encode the conversation every turn with the model's own cache (`reuse_cache` False does that for all)."""
+    cuda_graphs=True, not yet exact: see the module doc). LFM2 too: its convolutions keep their state in the rows.
+    Models with linear attention (Qwen3.5) re-encode the conversation every turn with the model's own cache
+    (`reuse_cache` False does that for all)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                  reuse_cache=True, min_new_tokens=0, seed=0, cuda_graphs=False):
@@ -254,7 +312,8 @@ class HFPolicy:
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
-        self.reuse_cache = reuse_cache and plain_attention(model.config)
+        self.reuse_cache = reuse_cache and row_cache_fits(model)
+        self.convs = conv_modules(model) if self.reuse_cache else {}
         self.window, self.window_layers_only = sliding_window(model.config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
@@ -298,7 +357,7 @@ class HFPolicy:
         """One turn of a batch: encode what is new, sample every reply, append them to the trajectories."""
         device = self.model.device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast), \
-                _Attention(self.model, _grouped_attention() if cache else None):
+                _RowLayers(self.model, _grouped_attention() if cache else None, self.convs):
             logits, step = self._continue(episodes, cache) if cache else self._reencode(episodes)
             if self.cuda_graphs and cache:
                 step = self._graphed(step, cache)
@@ -352,7 +411,7 @@ class HFPolicy:
             pos[u, W - len(new):] = write[u, W - len(new):] = torch.arange(ep["kv_len"], len(ep["ids"]))
             real[u, W - len(new):] = True
         pos, real = pos.to(device), real.to(device)
-        cache.write, cache.span = write.to(device), span
+        cache.write, cache.span, cache.real = write.to(device), span, real
         logits = self.model(input_ids=ids.to(device), position_ids=pos, attention_mask=self._masks(pos, real, span),
                             **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
         if U < B:
@@ -364,7 +423,7 @@ class HFPolicy:
         def step(tokens):  # (B,) -> logits (B, V): one token per row at the row's end; no host sync, fixed shapes
             token_in.copy_(tokens[:, None])
             pos = cache.lengths[:, None]  # (B, 1)
-            cache.write = pos
+            cache.write, cache.real = pos, None
             out = self.model(input_ids=token_in, position_ids=pos, attention_mask=self._masks(pos, real1, span),
                              **{self.cache_kw: cache}, use_cache=True).logits[:, -1]
             cache.lengths += 1
@@ -374,13 +433,14 @@ class HFPolicy:
     def _masks(self, pos, real, span):
         """(B, 1, W, span) masks, True where query (b, w) at position pos[b, w] may look: its row's positions up to its
         own (within the sliding window for sliding layers); padding columns look at position 0 only (a row of no
-        keys at all would be NaN)."""
+        keys at all would be NaN). Given per layer type where the types mix: sliding and full attention (Gemma 3), or
+        convolutions, which take none (LFM2)."""
         keys = torch.arange(span, device=pos.device)
         seen = (keys <= pos[..., None]) & real[..., None]  # (B, W, span)
         pad = (keys == 0) & ~real[..., None]
         full = (seen | pad)[:, None]
         if self.window is None:
-            return full
+            return {"full_attention": full, "conv": None} if self.convs else full
         near = (seen & (keys > pos[..., None] - self.window) | pad)[:, None]
         return {"full_attention": full, "sliding_attention": near} if self.window_layers_only else near
 
@@ -409,8 +469,8 @@ class HFPolicy:
     def _graphed(self, step, cache):
         """The decoding step captured as a CUDA graph for this turn's batch and span: one launch per token instead of
         a few hundred kernels. If capture fails the step runs as it is."""
-        lengths = cache.lengths.clone()
-        tokens = torch.zeros_like(lengths)
+        saved = cache.snapshot()
+        tokens = torch.zeros_like(cache.lengths)
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -423,9 +483,9 @@ class HFPolicy:
         except RuntimeError as e:
             print(f"CUDA graph capture failed ({str(e).splitlines()[0][:200]}); decoding without graphs")
             self.cuda_graphs = False
-            cache.lengths.copy_(lengths)
+            cache.rewind(saved)
             return step
-        cache.lengths.copy_(lengths)  # the warm-up step wrote past every row's end (overwritten later) and counted it
+        cache.rewind(saved)  # the warm-up step wrote past every row's end (overwritten later) and counted it
 
         def replay(new_tokens):
             tokens.copy_(new_tokens)

@@ -44,7 +44,7 @@ ARCHS = {
     "gemma3": ("gemma3_text", dict(head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
                                    layer_types=["sliding_attention", "full_attention"] * 2),
                GEMMA3, ["<bos>", "<start_of_turn>", "<end_of_turn>"], True, 5.0),
-    "lfm2": ("lfm2", dict(full_attn_idxs=[1, 3], block_auto_adjust_ff_dim=False), CHATML_LFM2, ["<|startoftext|>"], False,
+    "lfm2": ("lfm2", dict(full_attn_idxs=[1, 3], block_auto_adjust_ff_dim=False), CHATML_LFM2, ["<|startoftext|>"], True,
              SHARPEN),
     "qwen3_5": ("qwen3_5_text", dict(head_dim=8, layer_types=["linear_attention", "full_attention"] * 2,
                                      linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
@@ -131,7 +131,18 @@ def test_sampled_logprobs_are_the_tempered_model(arch, short_env):
         torch.testing.assert_close(got, want[pos - 1, torch.tensor(rec["ids"])[pos]], atol=5e-4, rtol=0)
 
 
-def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypatch):
+@pytest.fixture
+def cpu_streams(monkeypatch):
+    """Stand-ins on this CPU for torch.cuda's streams (a graph's capture and warm-up run on side streams)."""
+    class Stream:
+        def wait_stream(self, other):
+            pass
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
+def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypatch, cpu_streams):
     """A CUDA graph of the decoding step reads and writes, at every replay, the tensors the eager step holds (its
     token input, its mask): those must live as long as the graph, else their memory goes to other tensors while the
     graph still writes there. On this CPU the CUDA calls are stand-ins: capture runs the step once, and each replay
@@ -141,18 +152,11 @@ def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypat
     model, tok = sharp_model
     captured, replays = [], []
 
-    class Stream:
-        def wait_stream(self, other):
-            pass
-
     class Graph:
         def replay(self):
             gc.collect()
             replays.append(all(ref() is not None for ref in captured))
 
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
     graphed = HFPolicy._graphed
@@ -165,3 +169,40 @@ def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypat
     policy.cuda_graphs = True  # on this CPU, with the stand-ins above
     rollout(short_env, short_env.examples(2, seed=0), policy, group=2, progress=False)
     assert len(captured) >= 2 and replays and all(replays), "a graph replayed after the eager step's buffers were freed"
+
+
+def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch, cpu_streams):
+    """The graph path around the decoding step (a warm-up step, the capture, replays into the captured output) leaves
+    the rollouts exactly as the eager step gives them: the warm-up's writes are rewound (row lengths, LFM2's
+    convolution states). On this CPU a stand-in graph runs the step at capture, as a real capture records it, and
+    again at each replay into the captured output, as a real replay recomputes it."""
+    name, model, tok = arch
+    capturing = []
+
+    class Graph:
+        def replay(self):
+            self.output.copy_(self.step(self.tokens))
+
+    @contextlib.contextmanager
+    def graph(g):
+        capturing.append(g)
+        yield
+        capturing.pop()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    graphed = HFPolicy._graphed
+
+    def recording(self, step, cache):
+        def recorded(tokens):
+            output = step(tokens)
+            if capturing:
+                capturing[-1].step, capturing[-1].tokens, capturing[-1].output = step, tokens, output
+            return output
+        return graphed(self, recorded, cache)
+    monkeypatch.setattr(HFPolicy, "_graphed", recording)
+    runs = []
+    for graphs in (False, True):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.3, max_new_tokens=12, batch_size=4)
+        policy.cuda_graphs = graphs and policy.reuse_cache  # on this CPU, with the stand-ins above
+        runs.append(rollout(short_env, short_env.examples(4, seed=6), policy, group=3, progress=False))
+    assert [(r["ids"], r["logprobs"]) for r in runs[0]] == [(r["ids"], r["logprobs"]) for r in runs[1]]
