@@ -205,6 +205,8 @@ def bench_shape(shape, args, device):
                          peak_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None))
         print(f"{shape} step {step}{' (warm-up)' if step < args.warmup_steps else ''}: {t2 - t0:.2f}s "
               f"(generation {t1 - t0:.2f}s, update {t2 - t1:.2f}s)", flush=True)
+    if args.profile:  # one more step, untimed, its generation and its update each under the profiler
+        profile_step(shape, env, policy, model, rl_args, opt, amp, args, cuda)
     timed = rows[args.warmup_steps:]
     median = lambda k: statistics.median(r[k] for r in timed)
     records = timed[-1]["records"]
@@ -228,6 +230,23 @@ def bench_shape(shape, args, device):
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def profile_step(shape, env, policy, model, rl_args, opt, amp, args, cuda):
+    """Print the operators that took the most time (the GPU's when there is one) in a step's generation and update."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    n = args.warmup_steps + args.steps
+    model.eval()
+    with profile(activities=activities) as prof:
+        records = rl.sample_rollouts(env, env.examples(args.examples, seed=n), policy, args.group, n * args.examples)
+    print(f"{shape}: generation, by {sort}\n" + prof.key_averages().table(sort_by=sort, row_limit=args.profile))
+    adv = rl.group_advantages([r["reward"] for r in records], args.group)
+    model.train()
+    with profile(activities=activities) as prof:
+        rl.update(model, records, adv, rl_args, opt, amp)
+    print(f"{shape}: update, by {sort}\n" + prof.key_averages().table(sort_by=sort, row_limit=args.profile))
 
 
 def gpu_specs(device, args):
@@ -274,6 +293,8 @@ def main():
                    "sample.py: for measuring only)")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s (default: from the GPU's name)")
     p.add_argument("--peak_tflops", type=float, default=None, help="bf16 dense peak in TFLOP/s (default: from the GPU's name)")
+    p.add_argument("--profile", type=int, default=0, help="after the timed steps, one more under torch.profiler: print "
+                   "this many of its costliest operators, for generation and for the update (0: no profile)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--out", default=None, help="append one JSON line per shape here")
     args = p.parse_args()

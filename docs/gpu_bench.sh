@@ -11,7 +11,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 b() { local t=$1; shift; echo "== bench $*"; timeout "$t" python3 bench.py --out "$O/bench.jsonl" "$@" 2>&1 | grep -v -i warn; return "${PIPESTATUS[0]}"; }
 start=$(date +%s); el() { echo "[elapsed $(( $(date +%s) - start )) s]"; }
 echo "== exact"; timeout 90 python3 docs/gpu_check.py exact 2>&1 | grep -v -i warn; el
-b 150 --shape qwen3-0.6b --grad_ckpt; el
+b 150 --shape qwen3-0.6b --grad_ckpt --profile 15; el
 b 150 --shape qwen3-0.6b --grad_ckpt --cuda_graphs; el
 echo "== generate"; timeout 120 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
 b 200 --shape lfm2-2.6b --grad_ckpt --cuda_graphs; el

@@ -60,7 +60,12 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "error:`past_key_values` is deprecated:FutureWarning")
 
 
+# the longest test files first: on two processes (-n 2 --dist loadfile), one left for the end keeps the other idle
+LONGEST_FIRST = ["test_speedrun.py", "test_distributed.py", "test_rl.py", "test_sft.py"]
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST))
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")

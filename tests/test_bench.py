@@ -21,14 +21,15 @@ pytestmark = pytest.mark.usefixtures("torch_single_thread")
 def test_bench_cli_runs_the_stated_workload(tmp_path):
     """python bench.py --shape tiny: every episode is exactly system + turns x (reply + environment message), the
     table is printed and the JSON line carries the flags; with a bandwidth and a peak given, floor and MFU are
-    filled in on a CPU too."""
+    filled in on a CPU too; --profile prints the costliest operators of a generation and an update."""
     out = tmp_path / "bench.jsonl"
     cmd = [sys.executable, "bench.py", "--shape", "tiny", "--examples", "3", "--group", "2", "--turns", "3",
            "--reply_tokens", "8", "--env_tokens", "5", "--system_tokens", "20", "--steps", "1", "--warmup_steps", "0",
-           "--bandwidth", "1e11", "--peak_tflops", "1", "--out", str(out)]
+           "--bandwidth", "1e11", "--peak_tflops", "1", "--profile", "3", "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "| tiny |" in res.stdout and "Device: CPU" in res.stdout
+    assert "tiny: generation, by cpu_time_total" in res.stdout and "tiny: update, by cpu_time_total" in res.stdout
     row = json.loads(out.read_text().splitlines()[-1])
     assert row["episodes"] == 6 and row["gen_tokens"] == 6 * 3 * 8 and row["decode_steps"] == 3 * 8
     assert row["args"]["reply_tokens"] == 8 and row["floor_frac"] > 0 and row["mfu"] > 0
