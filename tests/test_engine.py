@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import common  # noqa: E402
-from sample import HFPolicy, rollout  # noqa: E402
+from sample import HFPolicy, new_episode, rollout  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN  # noqa: E402
 from test_sample import check_layout, replay_logits  # noqa: E402
 
@@ -206,3 +206,33 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
         policy.cuda_graphs = graphs and policy.reuse_cache  # on this CPU, with the stand-ins above
         runs.append(rollout(short_env, short_env.examples(4, seed=6), policy, group=3, progress=False))
     assert [(r["ids"], r["logprobs"]) for r in runs[0]] == [(r["ids"], r["logprobs"]) for r in runs[1]]
+
+
+def test_copied_episodes_go_on_from_their_row(arch, short_env):
+    """An episode deep-copied mid-game (eval.certify branches every line over the opponent's replies) continues
+    from its parent's cache row (its keys and values, and LFM2's convolution state): the same tokens and logprobs as
+    re-encoding."""
+    import copy
+    name, model, tok = arch
+    runs = {}
+    for reuse in (True, False):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10, reuse_cache=reuse)
+        episodes = [new_episode(short_env, ex) for ex in short_env.examples(3, seed=8)]
+        for _ in range(2):  # each turn, every episode branches in two: a copy gets a different message
+            replies = policy(episodes)
+            children = []
+            for ep, reply in zip(episodes, replies):
+                for k in range(2):
+                    child = copy.deepcopy(ep)
+                    child["messages"].append({"role": "assistant", "content": reply})
+                    child["messages"].append({"role": "user", "content": f"branch {k}: your move"})
+                    children.append(child)
+            episodes = children
+        policy(episodes)
+        runs[reuse] = episodes
+        if reuse and policy.reuse_cache:
+            assert len({id(ep["kv"]) for ep in episodes}) == 1
+    assert [ep["ids"] for ep in runs[True]] == [ep["ids"] for ep in runs[False]]
+    assert len({tuple(ep["ids"]) for ep in runs[True]}) > 6, "the branches went different ways"
+    for a, b in zip(runs[True], runs[False]):
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)

@@ -387,35 +387,6 @@ def test_row_cache_writes_rows_gathers_and_grows():
     assert torch.equal(cache.values[0], -cache.keys[0])
 
 
-def test_copied_episodes_go_on_from_their_row(sharp_model, short_env):
-    """An episode deep-copied mid-game (eval.certify branches every line over the opponent's replies) continues
-    from its parent's cache row: the same tokens and logprobs as re-encoding."""
-    import copy
-    model, tok = sharp_model
-    runs = {}
-    for reuse in (True, False):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10, reuse_cache=reuse)
-        episodes = [sample.new_episode(short_env, ex) for ex in short_env.examples(3, seed=8)]
-        for _ in range(2):  # each turn, every episode branches in two: a copy gets a different message
-            replies = policy(episodes)
-            children = []
-            for ep, reply in zip(episodes, replies):
-                for k in range(2):
-                    child = copy.deepcopy(ep)
-                    child["messages"].append({"role": "assistant", "content": reply})
-                    child["messages"].append({"role": "user", "content": f"branch {k}: your move"})
-                    children.append(child)
-            episodes = children
-        policy(episodes)
-        runs[reuse] = episodes
-        if reuse:
-            assert len({id(ep["kv"]) for ep in episodes}) == 1
-    assert [ep["ids"] for ep in runs[True]] == [ep["ids"] for ep in runs[False]]
-    assert len({tuple(ep["ids"]) for ep in runs[True]}) > 6, "the branches went different ways"
-    for a, b in zip(runs[True], runs[False]):
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
-
-
 def test_sliding_window_model_keeps_its_window(tiny_model_dir, short_env, tmp_path):
     """A sliding-window model (Mistral, window 8: far shorter than a game) runs on the RowCache with its window in
     the mask: the same tokens as re-encoding every turn with the model's own cache, and different ones from the
