@@ -4,6 +4,7 @@ of a real shape, built offline from transformers' config classes (no download).
 
     python bench.py --shape tiny                                   # CPU, seconds (CI runs it)
     python bench.py --shape qwen3-0.6b qwen3-1.7b lfm2-2.6b        # one GPU: the table in the README
+    python bench.py --shape qwen3-0.6b --cuda_graphs --profile 15  # decoding as CUDA graphs; the costliest operators
     python bench.py --shape qwen3-0.6b --grad_ckpt off --token_budget 16384   # the update without checkpointing
 
 Random weights write noise, so the benchmark fixes the workload, not the model: every step is --examples x --group
