@@ -16,6 +16,7 @@ b 150 --shape qwen3-0.6b --grad_ckpt --cuda_graphs; el
 echo "== generate"; timeout 120 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
 b 200 --shape lfm2-2.6b --grad_ckpt --cuda_graphs; el
 b 150 --shape qwen3-1.7b --grad_ckpt --cuda_graphs; el
+b 150 --shape qwen3-0.6b --grad_ckpt off --token_budget 16384 --cuda_graphs; el  # the update without recomputation
 python3 - "$O/bench.jsonl" <<'PY'
 import json, sys, bench
 rows = [json.loads(l) for l in open(sys.argv[1])]
