@@ -25,6 +25,8 @@ Reported per shape (the median of --steps timed steps, after --warmup_steps unti
 Results are also appended as one JSON line per shape (with vars(args)) to --out.
 """
 import argparse
+import contextlib
+import functools
 import json
 import os
 import random
@@ -186,28 +188,18 @@ def bench_shape(shape, args, device):
     amp = train_autocast(device)
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step = functools.partial(rl_step, env, policy, model, rl_args, opt, amp, args, sync)
     rows = []
-    for step in range(args.warmup_steps + args.steps):
+    for n in range(args.warmup_steps + args.steps):
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        sync()
-        t0 = time.time()
-        model.eval()
-        examples = env.examples(args.examples, seed=step)
-        records = rl.sample_rollouts(env, examples, policy, args.group, step * args.examples)
-        sync()
-        t1 = time.time()
-        adv = rl.group_advantages([r["reward"] for r in records], args.group)
-        model.train()
-        rl.update(model, records, adv, rl_args, opt, amp)
-        sync()
-        t2 = time.time()
-        rows.append(dict(step_s=t2 - t0, gen_s=t1 - t0, update_s=t2 - t1, records=records,
+        records, gen_s, update_s = step(n)
+        rows.append(dict(step_s=gen_s + update_s, gen_s=gen_s, update_s=update_s, records=records,
                          peak_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None))
-        print(f"{shape} step {step}{' (warm-up)' if step < args.warmup_steps else ''}: {t2 - t0:.2f}s "
-              f"(generation {t1 - t0:.2f}s, update {t2 - t1:.2f}s)", flush=True)
+        print(f"{shape} step {n}{' (warm-up)' if n < args.warmup_steps else ''}: {gen_s + update_s:.2f}s "
+              f"(generation {gen_s:.2f}s, update {update_s:.2f}s)", flush=True)
     if args.profile:  # one more step, untimed, its generation and its update each under the profiler
-        profile_step(shape, env, policy, model, rl_args, opt, amp, args, cuda)
+        step(args.warmup_steps + args.steps, around=functools.partial(profiled, shape, args.profile, cuda))
     timed = rows[args.warmup_steps:]
     median = lambda k: statistics.median(r[k] for r in timed)
     records = timed[-1]["records"]
@@ -233,21 +225,32 @@ def bench_shape(shape, args, device):
     return out
 
 
-def profile_step(shape, env, policy, model, rl_args, opt, amp, args, cuda):
-    """Print the operators that took the most time (the GPU's when there is one) in a step's generation and update."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sort = "cuda_time_total" if cuda else "cpu_time_total"
-    n = args.warmup_steps + args.steps
+def rl_step(env, policy, model, rl_args, opt, amp, args, sync, n, around=lambda part: contextlib.nullcontext()):
+    """RL step n of the fixed workload, rl.py's own functions: (records, generation s, update s); around(part) is
+    entered for each part, "generation" and "update"."""
+    sync()
+    t0 = time.time()
     model.eval()
-    with profile(activities=activities) as prof:
+    with around("generation"):
         records = rl.sample_rollouts(env, env.examples(args.examples, seed=n), policy, args.group, n * args.examples)
-    print(f"{shape}: generation, by {sort}\n" + prof.key_averages().table(sort_by=sort, row_limit=args.profile))
+    sync()
+    t1 = time.time()
     adv = rl.group_advantages([r["reward"] for r in records], args.group)
     model.train()
-    with profile(activities=activities) as prof:
+    with around("update"):
         rl.update(model, records, adv, rl_args, opt, amp)
-    print(f"{shape}: update, by {sort}\n" + prof.key_averages().table(sort_by=sort, row_limit=args.profile))
+    sync()
+    return records, t1 - t0, time.time() - t1
+
+
+@contextlib.contextmanager
+def profiled(shape, rows, cuda, part):
+    """Run the block under torch.profiler and print its `rows` costliest operators (by GPU time when there is one)."""
+    from torch.profiler import ProfilerActivity, profile
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        yield
+    print(f"{shape}: {part}, by {sort}\n" + prof.key_averages().table(sort_by=sort, row_limit=rows))
 
 
 def gpu_specs(device, args):

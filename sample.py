@@ -127,12 +127,12 @@ def _as_list(x):
 # ----------------------------------------------------------------------------- the decoding engine
 
 
-def row_cache_fits(model):
+def row_cache_fits(config, convs):
     """True when every layer's state can live in a RowCache row: softmax attention over its own keys and values (full
-    or in a sliding window), or LFM2's short convolution, whose state is its last kernel - 1 inputs. Linear attention
-    (Qwen3.5) carries a state that a padded forward would disturb: such models re-encode every turn."""
-    types = getattr(model.config, "layer_types", None) or ["full_attention"]
-    convs = conv_modules(model)
+    or in a sliding window), or LFM2's short convolution (`convs`, conv_modules), whose state is its last kernel - 1
+    inputs. Linear attention (Qwen3.5) carries a state that a padded forward would disturb: such models re-encode
+    every turn."""
+    types = getattr(config, "layer_types", None) or ["full_attention"]
     return (set(types) <= {"full_attention", "sliding_attention", "conv"}
             and all(isinstance(getattr(m, "conv", None), torch.nn.Conv1d) and hasattr(m, "in_proj") and hasattr(m, "out_proj")
                     for m in convs.values()))
@@ -208,7 +208,7 @@ class RowCache:
         """Row i of the next turn is row rows[i] of this one: one layer copied at a time."""
         if rows == list(range(len(rows))) or not (self.keys or self.conv):
             return
-        index = torch.tensor(rows, device=next(iter({**self.keys, **self.conv}.values())).device)
+        index = torch.tensor(rows, device=next(iter((self.keys or self.conv).values())).device)
         for buffers in (self.keys, self.values, self.conv):
             for layer, buf in buffers.items():
                 if len(rows) <= buf.shape[0]:
@@ -312,8 +312,9 @@ class HFPolicy:
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
-        self.reuse_cache = reuse_cache and row_cache_fits(model)
-        self.convs = conv_modules(model) if self.reuse_cache else {}
+        convs = conv_modules(model)
+        self.reuse_cache = reuse_cache and row_cache_fits(model.config, convs)
+        self.convs = convs if self.reuse_cache else {}
         self.window, self.window_layers_only = sliding_window(model.config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
@@ -485,7 +486,7 @@ class HFPolicy:
             self.cuda_graphs = False
             cache.rewind(saved)
             return step
-        cache.rewind(saved)  # the warm-up step wrote past every row's end (overwritten later) and counted it
+        cache.rewind(saved)  # the warm-up step counted a token per row and moved the convolution states on
 
         def replay(new_tokens):
             tokens.copy_(new_tokens)
