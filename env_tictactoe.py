@@ -147,6 +147,7 @@ PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
 PUZZLE_KINDS = ("block", "win", "threat", "opening")
+RULES_PLAYERS = ("rules", "rules_wins", "rules_then")  # the warm-up teachers that know only the format and the rules
 
 
 def demands(board, kind):
@@ -219,6 +220,11 @@ def wins_check(board, player):
     return f"Wins: me {mine}, opponent {theirs}."
 
 
+def then_check(board, cell):
+    """Where X could complete a line after taking `cell`: 'Then: me 2 6.'"""
+    return f"Then: me {' '.join(map(str, threats(play(board, cell, 'X'), 'X'))) or 'none'}."
+
+
 def _reason(board, cell, player):
     after = play(board, cell, player)
     if winner(after) == player:
@@ -244,12 +250,27 @@ def is_well_formed(reply):
 
 
 CHECK_RE = re.compile(r"<think>Wins: me ([0-8](?: [0-8])*|none), opponent ([0-8](?: [0-8])*|none)\.")
+THEN_RE = re.compile(r"Then: me (?:[0-8](?: [0-8])*|none)\.(?=</think>)")
 
 
 def states_the_wins(reply, board):
-    """Does the reply's <think> begin with a true `Wins: me A, opponent B.` for X on `board` (wins_check's words)?"""
+    """Does the reply's <think> begin with a true `Wins: me A, opponent B.` for X on `board` (wins_check's words),
+    and, where it ends with `Then: me C.` (the rules_then teacher's words), is that true of the move it makes?"""
+    reply = reply.lstrip()
+    m = CHECK_RE.match(reply)
+    if m is None or m.group(0)[len("<think>"):] != wins_check(board, "X"):
+        return False
+    then = THEN_RE.search(reply)
+    if then is None:
+        return True
+    cell, _ = parse_move(reply, board)
+    return cell is not None and then.group(0) == then_check(board, cell)
+
+
+def stated_own_wins(reply):
+    """The cells where the reply's `Wins:` check says X could complete a line now, or None without a check."""
     m = CHECK_RE.match(reply.lstrip())
-    return m is not None and m.group(0)[len("<think>"):] == wins_check(board, "X")
+    return None if m is None else [] if m.group(1) == "none" else [int(c) for c in m.group(1).split()]
 
 
 def parse_move(reply, board):
@@ -438,12 +459,14 @@ class TicTacToe:
         'rules', a player that knows only the rules and the format: a random free cell, its <think> listing the
         free cells and nothing strategic (a warm-up teacher that shows no strategy: docs/RANDOM_TEACHER.md);
         'rules_wins' plays the same random cell, its <think> first stating where each side could complete a line
-        now (`Wins: me 7, opponent none.`, a fact of the rules; what to do about it is left to RL).
+        now (`Wins: me 7, opponent none.`, a fact of the rules; what to do about it is left to RL); 'rules_then'
+        also ends its <think> with where it could complete a line after its move (`Then: me 2 6.`), so that the
+        next turn's `me` part is that list less the opponent's reply, a copy, not a search of the board.
         Random moves are seeded by (example seed, board), like the opponent's, so a baseline is reproducible;
         minimax's other moves depend on the board only: of `safe_moves`, the best `chance_vs_random`, then the
         first in PREFERENCE."""
-        if name not in ("random", "minimax", "rules", "rules_wins"):
-            raise ValueError(f"unknown scripted player {name!r}: use 'random', 'minimax', 'rules' or 'rules_wins'")
+        if name not in ("random", "minimax", *RULES_PLAYERS):
+            raise ValueError(f"unknown scripted player {name!r}: use 'random', 'minimax', {', '.join(map(repr, RULES_PLAYERS))}")
         p = random_move_prob if name == "minimax" else 1.0
 
         def reply(state):
@@ -453,9 +476,11 @@ class TicTacToe:
                 cell = rng.choice(free_cells(board))
             else:
                 cell = player_move(board)
-            if name in ("rules", "rules_wins"):
-                check = f"{wins_check(board, 'X')} " if name == "rules_wins" else ""
-                return f"<think>{check}Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.</think><move>{cell}</move>"
+            if name in RULES_PLAYERS:
+                check = f"{wins_check(board, 'X')} " if name != "rules" else ""
+                then = f" {then_check(board, cell)}" if name == "rules_then" else ""
+                return (f"<think>{check}Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.{then}</think>"
+                        f"<move>{cell}</move>")
             return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
         return reply
 

@@ -143,6 +143,9 @@ def certify(env, policy, out=None, progress=True):
     # what each position demands: a win to take, else a threat to block, else a quiet move (forks are made or
     # stopped there); for each kind, how many positions and how many the policy got right
     demands = {"win": [0, 0], "block": [0, 0], "quiet": [0, 0]}
+    # a reply whose <think> opens with the `Wins:` check (the rules_wins teachers' and the minimax teacher's):
+    # how often it is true, and at the positions with a win to take, how often it names exactly X's own wins
+    checks_true = wins_stated = 0
     while frontier:
         replies = policy(frontier)
         nxt = []
@@ -156,6 +159,8 @@ def certify(env, policy, out=None, progress=True):
             kind, right = ("win", wins) if wins else ("block", blocks) if blocks else ("quiet", best)
             demands[kind][0] += 1
             demands[kind][1] += cell in right
+            checks_true += ttt.states_the_wins(reply, board)
+            wins_stated += bool(wins) and ttt.stated_own_wins(reply) == wins
             before = ttt.value(board, "X")
             line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
             if cell is None:
@@ -185,7 +190,8 @@ def certify(env, policy, out=None, progress=True):
     summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn), "lines_lost": int(len(lines) - won - drawn),
                "decisions": decisions, "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes),
                "win_positions": demands["win"][0], "wins_taken": demands["win"][1], "block_positions": demands["block"][0],
-               "threats_blocked": demands["block"][1], "quiet_positions": demands["quiet"][0], "quiet_optimal": demands["quiet"][1]}
+               "threats_blocked": demands["block"][1], "quiet_positions": demands["quiet"][0], "quiet_optimal": demands["quiet"][1],
+               "checks_true": checks_true, "wins_stated": wins_stated}
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "summary.json"), "w") as f:
@@ -205,7 +211,7 @@ def certify(env, policy, out=None, progress=True):
 def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args=""):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
     {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
-    probability teacher_p, rules or rules_wins) and the other arguments name the run's recipe."""
+    probability teacher_p, or a rules teacher) and the other arguments name the run's recipe."""
     import platform
     t_sft, t_rl, t_all = times or (None, None, None)
     load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
@@ -227,12 +233,13 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
             s = res[w][o]
             rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
     cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves | wins taken | threats blocked | "
-            "other moves optimal |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "other moves optimal | true `Wins:` checks | own wins stated |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in ("teacher", "sft", "rl"):
         c = res[w]["certificate"]
         cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | "
                     f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} | {c['wins_taken']} of "
-                    f"{c['win_positions']} | {c['threats_blocked']} of {c['block_positions']} | {c['quiet_optimal']} of {c['quiet_positions']} |")
+                    f"{c['win_positions']} | {c['threats_blocked']} of {c['block_positions']} | {c['quiet_optimal']} of {c['quiet_positions']} | "
+                    f"{c['checks_true']} of {c['decisions']} | {c['wins_stated']} of {c['win_positions']} |")
     # where the RL model still errs: the certificate's positions (board row by row, X = the model)
     errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
     shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
@@ -252,7 +259,9 @@ Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with ev
 {nl.join(cert)}
 
 Each decision by what its position demands: a win to take (the model can complete a line at once), else a threat to
-block (the opponent could), else another move, optimal by minimax (where forks are made or stopped).
+block (the opponent could), else another move, optimal by minimax (where forks are made or stopped). A true check:
+the reply's <think> opens with `Wins: me A, opponent B.` and it is right (and its `Then: me C.`, where written);
+own wins stated: at the positions with a win to take, the check's `me` part names exactly those cells.
 
 {errors}
 {nl.join(shown)}
@@ -306,8 +315,9 @@ def main():
     p.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md and OUT/results.json from the "
                    "evaluations speedrun.sh left in OUT/eval (no model is loaded); with --times, --sft_args, --rl_args, "
                    "--teacher and --random_move_prob (the SFT teacher's) and --env_args (the evaluation's) naming the run")
-    p.add_argument("--teacher", choices=["minimax", "rules", "rules_wins"], default="minimax", help="--report: the SFT "
-                   "teacher (speedrun.sh TEACHER): minimax with --random_move_prob, or rules / rules_wins (random legal moves)")
+    p.add_argument("--teacher", choices=["minimax", "rules", "rules_wins", "rules_then"], default="minimax", help="--report: the "
+                   "SFT teacher (speedrun.sh TEACHER): minimax with --random_move_prob, or rules / rules_wins / rules_then (random "
+                   "legal moves)")
     p.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")

@@ -227,6 +227,8 @@ def main():
         sys.stdout = open(os.devnull, "w")
     env = load_env(args.env, args.env_args)
     resume = checkpoint_to_resume(args, rank)
+    # a --data file is read first: a bad line stops the run before a model is built or loaded
+    user_data = read_data(args.data) if args.data and rank == 0 and not resume else None
 
     # ---- model: loaded before any game is played or any file written, so a bad --model costs nothing and loses
     # nothing (an HF teacher then plays while the student is in memory). Under torchrun rank 0 builds the scratch
@@ -246,7 +248,7 @@ def main():
     # rank reads the kept ones back from DIR/data.jsonl
     data_path = os.path.join(args.out, "data.jsonl")
     if rank == 0 and not resume:
-        convs = read_data(args.data) if args.data else teacher_games(args, env)
+        convs = user_data if args.data else teacher_games(args, env)
         if not convs:
             raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
                              "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")

@@ -8,6 +8,8 @@
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
 #                            # RL first on block and opening puzzles (one decision each), then on games and puzzles
+#   TEACHER=rules_then ...   # rules_wins's recipe, the think also ending with where it could complete a line after its
+#                            # move (`Then: me 2 6.`), which the next turn's check copies
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -26,7 +28,10 @@ SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher'
 # RL has to find every bit of strategy (docs/RANDOM_TEACHER.md); TEACHER=rules_wins: the same moves, its <think> first
 # stating where each side could complete a line now (`Wins: me 7, opponent none.`), which the student copies as it copies the
 # format, leaving to RL what to do about it: RL learns to act on a stated threat from one-decision puzzles, where
-# the solver scores that decision alone, and not from whole games (docs/RANDOM_TEACHER.md)
+# the solver scores that decision alone, and not from whole games (docs/RANDOM_TEACHER.md); TEACHER=rules_then: the
+# rules_wins recipe, the think also ending with `Then: me 2 6.` (where it could complete a line after its move), so
+# that its next check's `me` part is that list less the opponent's reply: RL lost the `me` part where it had to be
+# found on the board
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
@@ -36,16 +41,16 @@ EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
 SFT_OPENING=""  # SFT's opening rounds, if not OPENING
 SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
-PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins)
+PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins, rules_then)
 # the puzzle stage's episodes a step: 48 positions of 8 rollouts, about 32 blocks and 16 openings; with the main RL's
 # 8 positions a step its sampled block rate swung by 0.4 from step to step and the stage's certificate varied by
 # seed, 288-455 lost lines (32 blocks alone: 215-333; with the 16 openings: 170-257)
 PUZZLE_BATCH=384
-if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
+if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "rules_then" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
   OPENING=0
-  # rules_wins: more SFT, for the student to state the wins right; a longer think, so a higher token limit per reply
+  # rules_wins, rules_then: more SFT, for the student to state the wins right; a longer think, so a higher token limit per reply
   if [ "$TEACHER" = "rules" ]; then SFT_STEPS=${SFT_STEPS:-1000}; MAX_NEW=48; else SFT_STEPS=${SFT_STEPS:-2200}; MAX_NEW=64; fi
   # rules_wins: RL left alone rewrites the wins check as `Wins: me none, opponent none.`; a reward for a true one keeps
   # it. RL then learns from puzzles: games that start where random play reached a threat (SFT's random-X openings
@@ -53,7 +58,7 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ]; then
   # (optimal_reward), so a group's rollouts compare that one decision: first PUZZLE_STEPS steps of puzzles, two
   # blocks to one opening (X's first or second move, where many lost lines began), then half of each batch puzzles
   # (a win to take or a threat to block, or an opening), half whole games
-  if [ "$TEACHER" = "rules_wins" ]; then
+  if [ "$TEACHER" != "rules" ]; then
     RL_REWARDS=', "check_reward": 0.5, "optimal_reward": 1.0'
     SFT_OPENING=3
     SFT_OPENING_PLAYER=random
@@ -78,7 +83,7 @@ elif [ "$TEACHER" = "minimax" ]; then
   TEACHER_EVAL="minimax --random_move_prob $TEACHER_P"
   MAX_NEW=48  # tokens per reply: the longest think is about 40
 else
-  echo "TEACHER=$TEACHER: use minimax, rules or rules_wins" >&2
+  echo "TEACHER=$TEACHER: use minimax, rules, rules_wins or rules_then" >&2
   exit 2
 fi
 EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}

@@ -966,6 +966,37 @@ def test_rules_wins_player_states_the_wins_and_plays_the_rules_players_move():
     assert seen == {(False, False), (True, False), (False, True), (True, True)}
 
 
+def test_rules_then_player_ends_its_think_with_its_wins_after_the_move():
+    """'rules_then' (speedrun.sh TEACHER=rules_then): rules_wins's reply, its think ending with where X could
+    complete a line after its move; the next check's `me` part is that list less the opponent's reply."""
+    env = ttt.load_environment(show_cells=True)
+    rules_wins, rules_then = env.scripted_player("rules_wins"), env.scripted_player("rules_then")
+    copied = 0
+    for ex in env.examples(100, seed=6):
+        state, _ = env.reset(ex)
+        promised = None
+        while not state["done"]:
+            board, reply = state["board"], rules_then(state)
+            m = re.fullmatch(r"(<think>.*\.) Then: me ([0-8 ]+|none)\.</think>(<move>([0-8])</move>)", reply)
+            assert m and m.group(1) + "</think>" + m.group(3) == rules_wins(state), reply
+            then = [] if m.group(2) == "none" else [int(c) for c in m.group(2).split()]
+            assert then == ttt.threats(ttt.play(board, int(m.group(4)), "X"), "X")
+            assert ttt.states_the_wins(reply, board)
+            if promised is not None:  # the opponent's reply took at most one of them, and made none
+                assert set(promised) - set(ttt.threats(board, "X")) <= {c for c in range(9) if board[c] == "O"}
+                assert set(ttt.threats(board, "X")) <= set(promised)
+                copied += bool(promised)
+            promised = then
+            env.step(state, reply)
+    assert copied > 50
+    board = "X...O.O.."  # O wins at 2; after X 2, X could complete a line at 1
+    right = "<think>Wins: me none, opponent 2. Free cells: 1 2 3 5 7 8. I take cell 2. Then: me 1.</think><move>2</move>"
+    assert ttt.states_the_wins(right, board)
+    for wrong in (right.replace("me 1.", "me 1 3."), right.replace("me 1.", "me none."), right.replace("<move>2", "<move>8"),
+                  right.replace("<move>2", "<move>4")):  # one too many, none, another move's list, an invalid move
+        assert not ttt.states_the_wins(wrong, board), wrong
+
+
 def test_check_reward_scores_the_true_wins_statements_only():
     """check_reward: the share of replies whose <think> begins with the true `Wins:` statement, weighted into the
     total; off (no "check" component, the class's weights) by default."""

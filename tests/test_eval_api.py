@@ -390,6 +390,19 @@ def test_certificate(monkeypatch, tmp_path, capsys):
         return [f"<think>x</think><move>{cell(ep['state']['board'])}</move>" for ep in episodes]
     greedy, _ = eval_mod.certify(env, wins_never_blocks, progress=False)
     assert greedy["wins_taken"] == greedy["win_positions"] == seen["win"] > 0
+    assert greedy["checks_true"] == greedy["wins_stated"] == 0  # its <think> states no check
+    # the minimax player's think opens with the true check (but for "Only cell 8 is free."); its `me` part, once
+    # blanked, names no win it has
+    minimax, last_cell = ScriptedPolicy(env, "minimax"), [0]
+
+    def counted(episodes):
+        last_cell[0] += sum(len(ttt.free_cells(ep["state"]["board"])) == 1 for ep in episodes)
+        return minimax(episodes)
+    mm2, _ = eval_mod.certify(env, counted, progress=False)
+    assert mm2["checks_true"] == mm2["decisions"] - last_cell[0] and mm2["wins_stated"] == mm2["win_positions"] > 0
+    blind = lambda episodes: [r.replace("Wins: me ", "Wins: me none, was ").replace("was none, ", "") for r in minimax(episodes)]
+    half, _ = eval_mod.certify(env, blind, progress=False)
+    assert half["wins_stated"] == 0 and half["checks_true"] == mm2["checks_true"] - half["win_positions"]
     assert greedy["block_positions"] == seen["block"] > greedy["threats_blocked"] == seen["forced block"] > 0
     lost = read_jsonl(tmp_path / "rnd" / "lost_lines.jsonl")
     assert len(lost) == rnd["lines_lost"] and all(r["metrics"]["loss"] == 1.0 for r in lost)

@@ -92,11 +92,12 @@ def test_greedy_games_through_the_server_equal_local_ones_with_their_think(serve
     """The server strips <think> into reasoning_content; the API policy rebuilds the reply, so every game (messages,
     rewards, metrics) equals the local greedy game."""
     base, name, model_dir = server
-    run_eval(monkeypatch, ["--model", name, "--api_base", base, "--env", env_name, "-n", "6", "--max_new_tokens", "12",
+    # two games of up to 8 turns: each turn is a request to the server, about a second on a CPU
+    run_eval(monkeypatch, ["--model", name, "--api_base", base, "--env", env_name, "-n", "2", "--max_new_tokens", "12",
                            "--out", str(tmp_path / "api"), "--show", "0"])
     model, tok = common.load_model(model_dir, device="cpu")
     env = common.load_env(env_name)
-    _, local = eval_mod.evaluate(env, HFPolicy(model, tok, env.system_prompt, temp=0.0, max_new_tokens=12), 6, progress=False)
+    _, local = eval_mod.evaluate(env, HFPolicy(model, tok, env.system_prompt, temp=0.0, max_new_tokens=12), 2, progress=False)
     served = records(tmp_path / "api")
     assert [r["messages"] for r in served] == [r["messages"] for r in local]
     assert [(r["rewards"], r["metrics"]) for r in served] == [(r["rewards"], r["metrics"]) for r in local]
