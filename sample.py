@@ -175,6 +175,9 @@ class RowCache:
         self.lengths = None  # (B,) tokens cached per row, on the model's device
         self.write, self.span = None, 0
         self.real = None  # (B, W) in a prefill: True on each row's new tokens (right-aligned); None when decoding
+        # (B,) while decoding: False from a row's stop token on; a finished row keeps decoding with the others (fixed
+        # shapes) but its convolution state must stay where its reply ended, as its keys and values do
+        self.live = None
 
     def __deepcopy__(self, memo):  # a copied episode goes on from the same cache (and its own row: gather())
         return self
@@ -195,12 +198,14 @@ class RowCache:
         return self.conv[layer][:inputs.shape[0]]
 
     def snapshot(self):
-        """What rewind() puts back: the row lengths and convolution states (a warm-up decoding step moves both on)."""
-        return self.lengths.clone(), {layer: state.clone() for layer, state in self.conv.items()}
+        """What rewind() puts back: the row lengths, live rows and convolution states (a warm-up decoding step moves
+        them on)."""
+        return self.lengths.clone(), self.live.clone(), {layer: state.clone() for layer, state in self.conv.items()}
 
     def rewind(self, saved):
-        lengths, conv = saved
+        lengths, live, conv = saved
         self.lengths.copy_(lengths)
+        self.live.copy_(live)
         for layer, state in conv.items():
             self.conv[layer].copy_(state)
 
@@ -263,7 +268,10 @@ def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
         source = torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))  # (B, kernel - 1 + W)
         seq = seq.gather(-1, source[:, None, :].expand(-1, channels, -1))
     out = torch.nn.functional.conv1d(seq, module.conv.weight, module.conv.bias, groups=channels)  # (B, C, W)
-    state.copy_(seq[:, :, -(kernel - 1):])  # in place: a CUDA graph of the decoding step keeps its buffers
+    new = seq[:, :, -(kernel - 1):]
+    if cache.real is None:  # decoding: a finished row's state stays
+        new = torch.where(cache.live[:, None, None], new, state)
+    state.copy_(new)  # in place: a CUDA graph of the decoding step keeps its buffers
     return module.out_proj((c * out).transpose(-1, -2).contiguous())
 
 
@@ -420,9 +428,11 @@ class HFPolicy:
             logits = logits[torch.tensor(source, device=device)]  # (B, V)
         cache.lengths = torch.tensor(ends, device=device)
         token_in, real1 = torch.zeros((B, 1), dtype=torch.long, device=device), torch.ones((B, 1), dtype=torch.bool, device=device)
+        cache.live, stops = torch.ones(B, dtype=torch.bool, device=device), torch.tensor(self.chat.stop_ids, device=device)
 
         def step(tokens):  # (B,) -> logits (B, V): one token per row at the row's end; no host sync, fixed shapes
             token_in.copy_(tokens[:, None])
+            cache.live &= ~torch.isin(tokens, stops)  # the stop token itself is the next turn's first cached token
             pos = cache.lengths[:, None]  # (B, 1)
             cache.write, cache.real = pos, None
             out = self.model(input_ids=token_in, position_ids=pos, attention_mask=self._masks(pos, real1, span),

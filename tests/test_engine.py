@@ -114,6 +114,44 @@ def test_row_cache_equals_reencoding(arch, short_env):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=5e-4, rtol=0)
 
 
+def reply_lengths(rec):
+    """The number of tokens sampled in each turn of a trajectory (its runs of mask 1)."""
+    runs = "".join(map(str, rec["mask"])).split("0")
+    return [len(r) for r in runs if r]
+
+
+def test_rows_that_stop_early_keep_their_state(arch, short_env):
+    """A row whose reply ends before the others' keeps decoding with them (fixed shapes), and what that feeds must
+    not reach its next turn: the same tokens and logprobs as re-encoding, with replies of different lengths in one
+    turn. The tiny models end no reply on their own before the token limit, so the end of turn gets a bias in
+    the LM head, the smallest of a few that gives such a turn."""
+    name, model, tok = arch
+    head = model.get_output_embeddings()
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+    model.set_output_embeddings(biased)
+    try:
+        for bias in (1.0, 2.0, 3.0, 5.0, 7.0, 9.0):
+            with torch.no_grad():
+                biased.bias[HFPolicy(model, tok, short_env.system_prompt).chat.eot_id] = bias
+            runs = {}
+            for reuse in (True, False):
+                policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=24, batch_size=6, reuse_cache=reuse)
+                runs[reuse] = rollout(short_env, short_env.examples(6, seed=4), policy, progress=False)
+            turns = [reply_lengths(r)[:-1] for r in runs[True]]  # tokens sampled each turn that another turn follows
+            if any(len({t[i] for t in turns if len(t) > i}) > 1 for i in range(2)):
+                break
+        else:
+            pytest.fail(f"no bias gave replies of different lengths in one turn: {turns}")
+    finally:
+        model.set_output_embeddings(head)
+    assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
+    for a, b in zip(runs[True], runs[False]):
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=5e-4, rtol=0)
+
+
 def test_sampled_logprobs_are_the_tempered_model(arch, short_env):
     """At temperature 1.3 the recorded logprob of every sampled token is log softmax(logits / 1.3) of the replay.
     Three rollouts of each example in batches of 4: on the RowCache a batch encodes each prompt once and copies its
