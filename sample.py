@@ -26,10 +26,11 @@ there to be measured, not used: on an H100 the graphed step's logprobs were up t
 same tokens while the eager step matched it (docs/GPU.md), so it stays off until `docs/gpu_check.py exact` passes
 on a GPU. generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
 continuing a game meant re-stacking every episode's cache each turn (two copies of it at once), and it pays its
-per-token Python and launch overhead at every step. LFM2's short convolutions keep their state in the same row
-(each row's last inputs, placed before its new tokens). Models with linear attention (Qwen3.5), whose state a
-padded write would disturb, re-encode the conversation each turn through the model's own cache, on the same
-decoding loop.
+per-token Python and launch overhead at every step. Layers with a recurrent state keep it in the same row: LFM2's
+short convolutions (each row's last inputs, placed before its new tokens), Qwen3.5's linear attention (that
+convolution, and the gated delta rule's state, which padding and a finished row's decoding steps leave as it is).
+`reuse_cache=False` re-encodes the conversation every turn through the model's own cache instead, on the same
+decoding loop (the tests' reference, and the fallback for layers of other kinds).
 
 Sampling is inverse-CDF with one uniform number per token, drawn from a generator seeded by (seed, episode number,
 rollout, turn): an episode's tokens do not depend on which episodes share its batch, so --gen_batch, the order of
@@ -42,6 +43,7 @@ import json
 import os
 import random
 import threading
+import sys
 import time
 
 import numpy as np
@@ -127,24 +129,26 @@ def _as_list(x):
 # ----------------------------------------------------------------------------- the decoding engine
 
 
-def row_cache_fits(config, convs):
+DELTA_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
+
+
+def row_cache_fits(config, states):
     """True when every layer's state can live in a RowCache row: softmax attention over its own keys and values (full
-    or in a sliding window), or LFM2's short convolution (`convs`, conv_modules), whose state is its last kernel - 1
-    inputs. Linear attention (Qwen3.5) carries a state that a padded forward would disturb: such models re-encode
-    every turn."""
+    or in a sliding window), LFM2's short convolution or Qwen3.5's gated delta rule (`states`, state_modules), whose
+    modules have the parts that _row_conv and _row_delta use."""
     types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (set(types) <= {"full_attention", "sliding_attention", "conv"}
+    return (set(types) <= {"full_attention", "sliding_attention", "conv", "linear_attention"}
             and all(isinstance(getattr(m, "conv", None), torch.nn.Conv1d) and hasattr(m, "in_proj") and hasattr(m, "out_proj")
-                    for m in convs.values()))
+                    if t == "conv" else all(hasattr(m, part) for part in DELTA_PARTS) for t, m in states.values()))
 
 
-def conv_modules(model):
-    """{layer index: its short-convolution module} of a model whose config lists "conv" layers (LFM2), else {}."""
+def state_modules(model):
+    """{layer index: (layer type, module)} of the layers that carry a state besides keys and values: LFM2's short
+    convolutions ("conv") and Qwen3.5's linear attention ("linear_attention"); {} for plain attention models."""
     types = getattr(model.config, "layer_types", None) or []
-    if "conv" not in types:
-        return {}
     layers = model.get_decoder().layers
-    return {i: getattr(layers[i], "conv", None) for i, t in enumerate(types) if t == "conv"}
+    attribute = {"conv": "conv", "linear_attention": "linear_attn"}
+    return {i: (t, getattr(layers[i], attribute[t], None)) for i, t in enumerate(types) if t in attribute}
 
 
 def sliding_window(config):
@@ -165,13 +169,15 @@ class RowCache:
     of finished episodes (and repeats the row of an episode copied mid-game: eval.certify branches its lines).
     The buffers are copied only when they grow (reserve) or lose or repeat rows (gather). Layers call update() as
     they call a transformers Cache's and attend the first `span` positions of every row, with a mask that shows
-    each row its own. A short-convolution layer (LFM2) keeps in `conv` each row's last kernel - 1 inputs
-    (_row_conv)."""
+    each row its own. A short-convolution layer (LFM2, and the one in Qwen3.5's linear attention) keeps in `conv`
+    each row's last kernel - 1 inputs (_row_conv), a linear-attention layer in `delta` its recurrent state
+    (_row_delta)."""
 
     def __init__(self, dtype):
         self.dtype, self.capacity = dtype, 0
         self.keys, self.values = {}, {}  # layer -> (B, H, capacity, D); the last position takes padding's writes
         self.conv = {}  # layer -> (B, channels, kernel - 1): the row's last convolution inputs, oldest first
+        self.delta = {}  # layer -> (B, heads, key dim, value dim): a linear-attention layer's recurrent state
         self.lengths = None  # (B,) tokens cached per row, on the model's device
         self.write, self.span = None, 0
         self.real = None  # (B, W) in a prefill: True on each row's new tokens (right-aligned); None when decoding
@@ -197,24 +203,32 @@ class RowCache:
             self.conv[layer] = inputs.new_zeros((inputs.shape[0], inputs.shape[1], kernel - 1))
         return self.conv[layer][:inputs.shape[0]]
 
+    def delta_state(self, layer, like):  # like: a state (B, heads, key dim, value dim) -> the rows' states, zeros at first
+        if layer not in self.delta:
+            self.delta[layer] = torch.zeros_like(like)
+        return self.delta[layer][:like.shape[0]]
+
     def snapshot(self):
-        """What rewind() puts back: the row lengths, live rows and convolution states (a warm-up decoding step moves
+        """What rewind() puts back: the row lengths, live rows and recurrent states (a warm-up decoding step moves
         them on)."""
-        return self.lengths.clone(), self.live.clone(), {layer: state.clone() for layer, state in self.conv.items()}
+        return (self.lengths.clone(), self.live.clone(),
+                [{layer: state.clone() for layer, state in states.items()} for states in (self.conv, self.delta)])
 
     def rewind(self, saved):
-        lengths, live, conv = saved
+        lengths, live, saved_states = saved
         self.lengths.copy_(lengths)
         self.live.copy_(live)
-        for layer, state in conv.items():
-            self.conv[layer].copy_(state)
+        for states, saved_ in zip((self.conv, self.delta), saved_states):
+            for layer, state in saved_.items():
+                states[layer].copy_(state)
 
     def gather(self, rows):
         """Row i of the next turn is row rows[i] of this one: one layer copied at a time."""
-        if rows == list(range(len(rows))) or not (self.keys or self.conv):
+        buffers = [b for b in (self.keys, self.values, self.conv, self.delta) if b]
+        if rows == list(range(len(rows))) or not buffers:
             return
-        index = torch.tensor(rows, device=next(iter((self.keys or self.conv).values())).device)
-        for buffers in (self.keys, self.values, self.conv):
+        index = torch.tensor(rows, device=next(iter(buffers[0].values())).device)
+        for buffers in buffers:
             for layer, buf in buffers.items():
                 if len(rows) <= buf.shape[0]:
                     buf[:len(rows)] = buf[index]
@@ -252,6 +266,15 @@ def _grouped_attention():
     return "rollout_rows"
 
 
+def _state_first(real, kernel):
+    """(B, kernel - 1 + W) columns of [state, new tokens] (each row's new tokens right-aligned behind padding, `real`
+    (B, W)) that put row b's state right before its own tokens: its p_b padding columns first (copies of column 0,
+    whose outputs are never used), then its state, then its tokens."""
+    pad = (~real).sum(1, keepdim=True)  # (B, 1)
+    t = torch.arange(kernel - 1 + real.shape[1], device=real.device)  # column of the rearranged sequence
+    return torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))
+
+
 def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
     """LFM2's short convolution (y = out_proj(C * conv(B * x))) over a RowCache: each row's state, its last kernel - 1
     inputs, goes right before that row's own new tokens (in a prefill they are right-aligned behind padding), and
@@ -263,10 +286,7 @@ def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
     state = cache.conv_state(layer, inputs, kernel)  # (B, C, kernel - 1)
     seq = torch.cat([state, inputs], -1)  # (B, C, kernel - 1 + W)
     if cache.real is not None:  # a prefill: row b's p_b padding columns first, then its state, then its tokens
-        pad = (~cache.real).sum(1, keepdim=True)  # (B, 1)
-        t = torch.arange(seq.shape[-1], device=seq.device)  # column of the rearranged sequence
-        source = torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))  # (B, kernel - 1 + W)
-        seq = seq.gather(-1, source[:, None, :].expand(-1, channels, -1))
+        seq = seq.gather(-1, _state_first(cache.real, kernel)[:, None, :].expand(-1, channels, -1))
     out = torch.nn.functional.conv1d(seq, module.conv.weight, module.conv.bias, groups=channels)  # (B, C, W)
     new = seq[:, :, -(kernel - 1):]
     if cache.real is None:  # decoding: a finished row's state stays
@@ -275,24 +295,62 @@ def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
     return module.out_proj((c * out).transpose(-1, -2).contiguous())
 
 
+def _row_delta(module, layer, hidden_states, attention_mask=None, **kwargs):
+    """Qwen3.5's linear attention (a short causal convolution, then the gated delta rule) over a RowCache: the
+    convolution's state is placed as in _row_conv, and the recurrent state (B, heads, key dim, value dim) is the
+    row's own. Padding in a prefill and a finished row's decoding steps leave the state as it was: there the decay
+    is 1 (g = 0) and nothing is written (beta = 0). The same arithmetic as transformers' Qwen3_5GatedDeltaNet, with
+    its kernels (its module's own: a hub kernel where transformers installed one)."""
+    ops = sys.modules[type(module).__module__]
+    cache = kwargs.get("cache", kwargs.get("past_key_values", kwargs.get("cache_params")))
+    B, W, _ = hidden_states.shape
+    mixed = module.in_proj_qkv(hidden_states).transpose(1, 2)  # (B, C, W)
+    z = module.in_proj_z(hidden_states).reshape(B, W, -1, module.head_v_dim)
+    beta = module.in_proj_b(hidden_states).sigmoid()  # (B, W, heads)
+    g = -module.A_log.float().exp() * torch.nn.functional.softplus(module.in_proj_a(hidden_states).float() + module.dt_bias)
+    channels, kernel = mixed.shape[1], module.conv1d.weight.shape[-1]
+    conv = cache.conv_state(layer, mixed, kernel)  # (B, C, kernel - 1)
+    seq = torch.cat([conv.to(mixed.dtype), mixed], -1)  # (B, C, kernel - 1 + W)
+    if cache.real is not None:  # a prefill: padding columns first, then the row's state, then its new tokens
+        seq = seq.gather(-1, _state_first(cache.real, kernel)[:, None, :].expand(-1, channels, -1))
+        keep = cache.real  # (B, W)
+    else:
+        keep = cache.live[:, None]  # (B, 1)
+    conv.copy_(torch.where(keep.any(1)[:, None, None], seq[:, :, -(kernel - 1):], conv))
+    mixed = torch.nn.functional.conv1d(seq.to(module.conv1d.weight.dtype), module.conv1d.weight, module.conv1d.bias, groups=channels)
+    mixed = ops.ACT2FN[module.activation](mixed).to(hidden_states.dtype).transpose(1, 2)  # (B, W, C)
+    query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    query, key = (x.reshape(B, W, -1, module.head_k_dim) for x in (query, key))
+    value = value.reshape(B, W, -1, module.head_v_dim)
+    g, beta = g.masked_fill(~keep[..., None], 0.0), beta.masked_fill(~keep[..., None], 0.0)
+    rule = ops.torch_recurrent_gated_delta_rule if W == 1 else ops.torch_chunk_gated_delta_rule
+    state = cache.delta.get(layer)
+    out, new_state = rule(query, key, value, g=g, beta=beta, initial_state=None if state is None else state[:B],
+                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+    cache.delta_state(layer, new_state).copy_(new_state)  # in place: a CUDA graph of the decoding step keeps its buffers
+    out = module.norm(out.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    return module.out_proj(out.reshape(B, W, -1))
+
+
 class _RowLayers:
     """Within this context the model's attention layers use `implementation` (the config is read at every forward)
-    and its short-convolution layers run _row_conv; with implementation None nothing changes."""
+    and its layers with a recurrent state run _row_conv (LFM2) or _row_delta (Qwen3.5); with implementation None
+    nothing changes."""
 
-    def __init__(self, model, implementation, convs):
+    def __init__(self, model, implementation, states):
         self.config, self.implementation = model.config, implementation
-        self.convs = convs if implementation else {}
+        self.states = states if implementation else {}
 
     def __enter__(self):
         self.saved = self.config._attn_implementation
         if self.implementation:
             self.config._attn_implementation = self.implementation
-        for layer, module in self.convs.items():
-            module.forward = functools.partial(_row_conv, module, layer)
+        for layer, (kind, module) in self.states.items():
+            module.forward = functools.partial(_row_conv if kind == "conv" else _row_delta, module, layer)
 
     def __exit__(self, *exc):
         self.config._attn_implementation = self.saved
-        for module in self.convs.values():
+        for _, module in self.states.values():
             del module.forward  # the class's own forward again
 
 
@@ -309,9 +367,9 @@ class HFPolicy:
     Plain-attention models (Llama, Qwen3, Gemma 3, ...): each rollout batch of up to `batch_size` episodes keeps one
     RowCache for the whole game; a turn encodes only each row's new tokens (the previous reply's last token, the
     environment's message) and decodes from there, one forward and the sampling per token (a CUDA graph of it with
-    cuda_graphs=True, not yet exact: see the module doc). LFM2 too: its convolutions keep their state in the rows.
-    Models with linear attention (Qwen3.5) re-encode the conversation every turn with the model's own cache
-    (`reuse_cache` False does that for all)."""
+    cuda_graphs=True, not yet exact: see the module doc). LFM2 and Qwen3.5 too: their convolutions and linear
+    attention keep their state in the rows. Other layer kinds re-encode the conversation every turn with the model's
+    own cache (`reuse_cache` False does that for all)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                  reuse_cache=True, min_new_tokens=0, seed=0, cuda_graphs=False):
@@ -320,9 +378,9 @@ class HFPolicy:
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
-        convs = conv_modules(model)
-        self.reuse_cache = reuse_cache and row_cache_fits(model.config, convs)
-        self.convs = convs if self.reuse_cache else {}
+        states = state_modules(model)
+        self.reuse_cache = reuse_cache and row_cache_fits(model.config, states)
+        self.states = states if self.reuse_cache else {}
         self.window, self.window_layers_only = sliding_window(model.config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
@@ -366,7 +424,7 @@ class HFPolicy:
         """One turn of a batch: encode what is new, sample every reply, append them to the trajectories."""
         device = self.model.device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast), \
-                _RowLayers(self.model, _grouped_attention() if cache else None, self.convs):
+                _RowLayers(self.model, _grouped_attention() if cache else None, self.states):
             logits, step = self._continue(episodes, cache) if cache else self._reencode(episodes)
             if self.cuda_graphs and cache:
                 step = self._graphed(step, cache)
@@ -451,13 +509,13 @@ class HFPolicy:
         pad = (keys == 0) & ~real[..., None]
         full = (seen | pad)[:, None]
         if self.window is None:
-            return {"full_attention": full, "conv": None} if self.convs else full
+            return {"full_attention": full, "conv": None, "linear_attention": None} if self.states else full
         near = (seen & (keys > pos[..., None] - self.window) | pad)[:, None]
         return {"full_attention": full, "sliding_attention": near} if self.window_layers_only else near
 
     def _reencode(self, episodes):
-        """Models whose layers are not all attention: the whole conversation, left-padded, through the model's own
-        cache, every turn. Returns the first logits (B, V) and the decoding step."""
+        """reuse_cache False, or layers the RowCache cannot hold: the whole conversation, left-padded, through the
+        model's own cache, every turn. Returns the first logits (B, V) and the decoding step."""
         device, B = self.model.device, len(episodes)
         W = max(len(ep["ids"]) for ep in episodes)
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)
@@ -496,7 +554,7 @@ class HFPolicy:
             self.cuda_graphs = False
             cache.rewind(saved)
             return step
-        cache.rewind(saved)  # the warm-up step counted a token per row and moved the convolution states on
+        cache.rewind(saved)  # the warm-up step counted a token per row and moved the recurrent states on
 
         def replay(new_tokens):
             tokens.copy_(new_tokens)

@@ -4,8 +4,8 @@ transformers' config classes, saved with save_pretrained and a chat template of 
 common.load_model like a hub model.
 
 Each must be token-exact (greedy tokens are the argmax of an unpadded forward over the whole trajectory) and
-logprob-exact (at the sampling temperature); the plain-attention ones run on the RowCache and must match
-re-encoding every turn, the others re-encode.
+logprob-exact (at the sampling temperature); all four run on the RowCache (LFM2's and Qwen3.5's recurrent states
+in its rows too) and must match re-encoding every turn through the model's own cache.
 """
 import contextlib
 import sys
@@ -48,7 +48,7 @@ ARCHS = {
              SHARPEN),
     "qwen3_5": ("qwen3_5_text", dict(head_dim=8, layer_types=["linear_attention", "full_attention"] * 2,
                                      linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                                     linear_num_value_heads=4), QWEN3_STYLE_TEMPLATE, [], False, 5.0),
+                                     linear_num_value_heads=4), QWEN3_STYLE_TEMPLATE, [], True, 5.0),
 }
 
 
@@ -102,8 +102,7 @@ def test_greedy_rollout_is_token_exact(arch, short_env):
 
 
 def test_row_cache_equals_reencoding(arch, short_env):
-    """The RowCache path gives the tokens and logprobs of re-encoding every turn (plain attention only; the
-    others always re-encode)."""
+    """The RowCache path gives the tokens and logprobs of re-encoding every turn."""
     name, model, tok = arch
     runs = {}
     for reuse in (True, False):
