@@ -129,7 +129,8 @@ def _as_list(x):
 # ----------------------------------------------------------------------------- the decoding engine
 
 
-DELTA_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
+DELTA_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "norm", "out_proj",
+               "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "key_dim", "value_dim", "activation")
 
 
 def row_cache_fits(config, states):
@@ -320,8 +321,11 @@ def _row_delta(module, layer, hidden_states, attention_mask=None, **kwargs):
     mixed = torch.nn.functional.conv1d(seq.to(module.conv1d.weight.dtype), module.conv1d.weight, module.conv1d.bias, groups=channels)
     mixed = ops.ACT2FN[module.activation](mixed).to(hidden_states.dtype).transpose(1, 2)  # (B, W, C)
     query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-    query, key = (x.reshape(B, W, -1, module.head_k_dim) for x in (query, key))
     value = value.reshape(B, W, -1, module.head_v_dim)
+    # each query/key head serves num_v_heads / num_k_heads value heads (transformers 5.17 repeats them in the layer,
+    # 5.24 in the kernel, which skips it when the counts are equal)
+    repeat = module.num_v_heads // module.num_k_heads
+    query, key = (x.reshape(B, W, -1, module.head_k_dim).repeat_interleave(repeat, dim=2) for x in (query, key))
     g, beta = g.masked_fill(~keep[..., None], 0.0), beta.masked_fill(~keep[..., None], 0.0)
     rule = ops.torch_recurrent_gated_delta_rule if W == 1 else ops.torch_chunk_gated_delta_rule
     state = cache.delta.get(layer)
