@@ -4,8 +4,8 @@ The rollout engine on a GPU: exactness of the CUDA-graph decoding step, and the 
     python docs/gpu_check.py exact                 # graphs vs no graphs, RowCache vs re-encoding, vs a replay
     python docs/gpu_check.py generate --shape qwen3-0.6b   # one turn of 256 x 64 tokens: engine vs model.generate
 
-`exact` builds small random models of three architectures on the GPU (Qwen3, Gemma 3 with a sliding window, LFM2
-with convolutions), plays greedy and sampled multi-turn rollouts and checks that
+`exact` builds small random models of four architectures on the GPU (Qwen3, Gemma 3 with a sliding window, LFM2
+with convolutions, Qwen3.5 with linear attention), plays greedy and sampled multi-turn rollouts and checks that
   - the CUDA-graph decoding step gives the same tokens and logprobs, bit for bit, as the same step run eagerly;
   - the RowCache gives the tokens of re-encoding every turn (bf16: a near-tie may flip; the share is printed);
   - every recorded logprob is that of one forward over the whole trajectory, within bf16 rounding.
@@ -33,7 +33,15 @@ ARCHS = {
     "qwen3": ("qwen3", dict(SMALL, head_dim=64)),
     "gemma3": ("gemma3_text", dict(SMALL, head_dim=64, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2)),
     "lfm2": ("lfm2", dict(SMALL, full_attn_idxs=[1, 3], block_auto_adjust_ff_dim=False)),
+    "qwen3_5": ("qwen3_5_text", dict(SMALL, head_dim=64, layer_types=["linear_attention", "full_attention"] * 2,
+                                     linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
+                                     linear_num_value_heads=4)),
 }
+
+
+# bf16: how far a recorded logprob may be from the replay's. Linear attention's bf16 rounding is larger: on a CPU
+# transformers' own cache path (re-encoding) is 0.08-0.11 from the replay, as far as the RowCache's rows
+BF16_REPLAY = {"qwen3_5": 0.2}
 
 
 def small_model(name, sharpen=3.0):
@@ -60,7 +68,7 @@ def replay_logprobs(model, rec, temp, bf16):
 def exact():
     """In fp32 every check is tight: graphs == eager bit for bit, the RowCache gives re-encoding's tokens, every
     logprob within 1e-3 of the replay. Under bf16 autocast (how rl.py samples on a GPU) the graph must still equal the
-    eager step bit for bit, and the replay agrees within bf16's rounding (0.1); near-ties may flip a token between
+    eager step bit for bit, and the replay agrees within bf16's rounding (0.1; BF16_REPLAY); near-ties may flip a token between
     the RowCache and re-encoding, so their share is printed, not checked."""
     env = bench.FixedEnv(system_tokens=30, env_tokens=7, turns=3)
     failures = 0
@@ -81,7 +89,7 @@ def exact():
                 same_gr = sum(a["ids"] == b["ids"] for a, b in zip(g, r)) / len(g)
                 replay = max(replay_logprobs(model, rec, temp or 1.0, bf16) for rec in g)
                 distinct = len({tuple(x for x, m in zip(rec["ids"], rec["mask"]) if m) for rec in g})
-                ok = same_ge and (replay < 0.1 if bf16 else replay < 1e-3 and same_gr == 1)
+                ok = same_ge and (replay < BF16_REPLAY.get(name, 0.1) if bf16 else replay < 1e-3 and same_gr == 1)
                 failures += not ok
                 print(f"{name:7s} {'bf16' if bf16 else 'fp32'} temp {temp}: graphs == eager bit for bit: {same_ge}; "
                       f"same tokens as re-encoding: {same_gr:.0%} of episodes; max |logprob - replay| {replay:.1e}; "
