@@ -550,7 +550,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     as an opening's: every rollout makes that decision; the model must know the opening message, from SFT with
     opening > 0); check_reward: the weight of a reward component "check", the share of the model's replies whose
     <think> begins with a true statement of where each side could complete a line (`Wins: me 7, opponent none.`,
-    as the rules_wins teacher writes it): a verifiable fact of the rules, so RL is not left to rewrite it as it
+    as the rules_wins teacher writes it; where the think ends with rules_then's `Then: me 2 6.`, that must be true
+    of the move too): a verifiable fact of the rules, so RL is not left to rewrite it as it
     rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); loss_penalty: a lost (or cut-off) game's "win"
     reward is -loss_penalty instead of 0, so that a block that saves a game pays more than a win adds;
     optimal_reward: the weight of a reward component "optimal", the share of the model's replies that made a
