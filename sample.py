@@ -42,8 +42,8 @@ import functools
 import json
 import os
 import random
-import threading
 import sys
+import threading
 import time
 
 import numpy as np
@@ -267,13 +267,22 @@ def _grouped_attention():
     return "rollout_rows"
 
 
-def _state_first(real, kernel):
-    """(B, kernel - 1 + W) columns of [state, new tokens] (each row's new tokens right-aligned behind padding, `real`
-    (B, W)) that put row b's state right before its own tokens: its p_b padding columns first (copies of column 0,
-    whose outputs are never used), then its state, then its tokens."""
-    pad = (~real).sum(1, keepdim=True)  # (B, 1)
-    t = torch.arange(kernel - 1 + real.shape[1], device=real.device)  # column of the rearranged sequence
-    return torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))
+def _conv_window(cache, layer, inputs, kernel):
+    """[state, new tokens] (B, C, kernel - 1 + W) of a short convolution's `inputs` (B, C, W) over a RowCache: each
+    row's state, its last kernel - 1 inputs, right before that row's own new tokens. In a prefill they are
+    right-aligned behind padding, so row b's p_b padding columns come first (copies of column 0, whose outputs are
+    never used). The row's last kernel - 1 inputs become its state, but for a row that has finished its reply."""
+    state = cache.conv_state(layer, inputs, kernel)  # (B, C, kernel - 1)
+    seq = torch.cat([state, inputs], -1)  # (B, C, kernel - 1 + W)
+    if cache.real is not None:  # a prefill
+        pad = (~cache.real).sum(1, keepdim=True)  # (B, 1)
+        t = torch.arange(seq.shape[-1], device=seq.device)  # column of the rearranged sequence
+        source = torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))  # (B, kernel - 1 + W)
+        seq = seq.gather(-1, source[:, None, :].expand(-1, seq.shape[1], -1))
+        state.copy_(seq[:, :, -(kernel - 1):])  # in place: a CUDA graph of the decoding step keeps its buffers
+    else:  # decoding: a finished row's state stays
+        state.copy_(torch.where(cache.live[:, None, None], seq[:, :, -(kernel - 1):], state))
+    return seq
 
 
 def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
@@ -284,15 +293,8 @@ def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
     channels, kernel = module.conv.weight.shape[0], module.conv.weight.shape[-1]
     gate, c, x = module.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)  # (B, C, W) each
     inputs = gate * x
-    state = cache.conv_state(layer, inputs, kernel)  # (B, C, kernel - 1)
-    seq = torch.cat([state, inputs], -1)  # (B, C, kernel - 1 + W)
-    if cache.real is not None:  # a prefill: row b's p_b padding columns first, then its state, then its tokens
-        seq = seq.gather(-1, _state_first(cache.real, kernel)[:, None, :].expand(-1, channels, -1))
+    seq = _conv_window(cache, layer, inputs, kernel)  # (B, C, kernel - 1 + W)
     out = torch.nn.functional.conv1d(seq, module.conv.weight, module.conv.bias, groups=channels)  # (B, C, W)
-    new = seq[:, :, -(kernel - 1):]
-    if cache.real is None:  # decoding: a finished row's state stays
-        new = torch.where(cache.live[:, None, None], new, state)
-    state.copy_(new)  # in place: a CUDA graph of the decoding step keeps its buffers
     return module.out_proj((c * out).transpose(-1, -2).contiguous())
 
 
@@ -310,14 +312,8 @@ def _row_delta(module, layer, hidden_states, attention_mask=None, **kwargs):
     beta = module.in_proj_b(hidden_states).sigmoid()  # (B, W, heads)
     g = -module.A_log.float().exp() * torch.nn.functional.softplus(module.in_proj_a(hidden_states).float() + module.dt_bias)
     channels, kernel = mixed.shape[1], module.conv1d.weight.shape[-1]
-    conv = cache.conv_state(layer, mixed, kernel)  # (B, C, kernel - 1)
-    seq = torch.cat([conv.to(mixed.dtype), mixed], -1)  # (B, C, kernel - 1 + W)
-    if cache.real is not None:  # a prefill: padding columns first, then the row's state, then its new tokens
-        seq = seq.gather(-1, _state_first(cache.real, kernel)[:, None, :].expand(-1, channels, -1))
-        keep = cache.real  # (B, W)
-    else:
-        keep = cache.live[:, None]  # (B, 1)
-    conv.copy_(torch.where(keep.any(1)[:, None, None], seq[:, :, -(kernel - 1):], conv))
+    seq = _conv_window(cache, layer, mixed, kernel)  # (B, C, kernel - 1 + W)
+    keep = cache.real if cache.real is not None else cache.live[:, None]  # (B, W): tokens that move the state on
     mixed = torch.nn.functional.conv1d(seq.to(module.conv1d.weight.dtype), module.conv1d.weight, module.conv1d.bias, groups=channels)
     mixed = ops.ACT2FN[module.activation](mixed).to(hidden_states.dtype).transpose(1, 2)  # (B, W, C)
     query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)

@@ -109,6 +109,7 @@ def sft_in_process(monkeypatch, capsys, *args):
     monkeypatch.setattr(sys, "argv", ["sft.py", *args])
     with pytest.raises(SystemExit) as e:
         sft_mod.main()
+    assert e.value.code not in (0, None), "sft.py stopped as if it had succeeded"
     return f"{e.value.code} {capsys.readouterr().err}"
 
 
