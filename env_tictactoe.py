@@ -84,7 +84,12 @@ def best_moves(board, player):
 
 def threats(board, player):
     """Cells where `player` would complete a line right now."""
-    return [c for c in free_cells(board) if winner(play(board, c, player)) == player]
+    return list(_threats(board, player))
+
+
+@functools.lru_cache(maxsize=None)  # every think, check and certificate decision asks it; there are 5,478 positions
+def _threats(board, player):
+    return tuple(c for c in free_cells(board) if winner(play(board, c, player)) == player)
 
 
 def render(board):

@@ -98,9 +98,11 @@ RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\"
 PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [\"block\", \"block\", \"opening\"]}"
 if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [\"threat\", \"opening\"]}"; fi
 if [ "${QUICK:-0}" = "1" ]; then
-  SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 4"
-  RL="--batch 16 --group 4 --steps 2 --max_new_tokens 24 --eval_n 4 --save_every 15 --exploit $EXPLOIT"
-  N_EVAL=${N_EVAL:-8}
+  # a model this small and short-trained rarely ends a reply: every evaluated reply runs to the token limit
+  MAX_NEW=24
+  SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 2"
+  RL="--batch 16 --group 4 --steps 2 --max_new_tokens $MAX_NEW --eval_n 2 --save_every 15 --exploit $EXPLOIT"
+  N_EVAL=${N_EVAL:-4}
   if [ "$PUZZLE_STEPS" -gt 0 ]; then PUZZLE_STEPS=2; PUZZLE_BATCH=16; fi
 else
   SFT="--n_games $N_GAMES --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"

@@ -74,6 +74,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def run_main(script, argv, env_dir=None):
+    """`python SCRIPT.py ARGV...` inside this test process, on one thread, with env_dir's env_*.py files found
+    first; returns what it printed. Starting python with torch and transformers costs about 5 s of this CPU a run,
+    paid here once per test process (the command line itself is tested in subprocesses: test_speedrun,
+    test_distributed). A failing run raises, as its process would exit non-zero."""
+    import contextlib
+    import importlib
+    import io
+
+    import torch
+    module = importlib.import_module(script)
+    saved_argv, saved_path, threads, out = sys.argv, list(sys.path), torch.get_num_threads(), io.StringIO()
+    sys.argv = [f"{script}.py", *argv]
+    if env_dir:
+        sys.path.insert(0, env_dir)
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(out):
+            module.main()
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        torch.set_num_threads(threads)
+        if env_dir:  # the next run's env_dir may hold another file of the same name
+            for name, mod in list(sys.modules.items()):
+                if name.startswith("env_") and str(getattr(mod, "__file__", "")).startswith(env_dir):
+                    del sys.modules[name]
+    return out.getvalue()
+
+
 @pytest.fixture
 def torch_single_thread():
     """One intra-op thread for the duration of a test: the tiny model is latency-bound, and with 2+ threads

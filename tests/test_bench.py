@@ -1,7 +1,6 @@
 """bench.py, the standing benchmark: its workload is exactly the one it states, and its floor and FLOP counts are
 the formulas of its docstring. Runs the tiny shape on CPU in seconds (the GPU shapes need a GPU)."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import bench  # noqa: E402
+from conftest import run_main  # noqa: E402
 from sample import HFPolicy, rollout  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -23,13 +23,11 @@ def test_bench_cli_runs_the_stated_workload(tmp_path):
     table is printed and the JSON line carries the flags; with a bandwidth and a peak given, floor and MFU are
     filled in on a CPU too; --profile prints the costliest operators of a generation and an update."""
     out = tmp_path / "bench.jsonl"
-    cmd = [sys.executable, "bench.py", "--shape", "tiny", "--examples", "3", "--group", "2", "--turns", "3",
-           "--reply_tokens", "8", "--env_tokens", "5", "--system_tokens", "20", "--steps", "1", "--warmup_steps", "0",
-           "--bandwidth", "1e11", "--peak_tflops", "1", "--profile", "3", "--out", str(out)]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "| tiny |" in res.stdout and "Device: CPU" in res.stdout
-    assert "tiny: generation, by cpu_time_total" in res.stdout and "tiny: update, by cpu_time_total" in res.stdout
+    printed = run_main("bench", ["--shape", "tiny", "--examples", "3", "--group", "2", "--turns", "3", "--reply_tokens", "8",
+                                 "--env_tokens", "5", "--system_tokens", "20", "--steps", "1", "--warmup_steps", "0",
+                                 "--bandwidth", "1e11", "--peak_tflops", "1", "--profile", "3", "--out", str(out)])
+    assert "| tiny |" in printed and "Device: CPU" in printed
+    assert "tiny: generation, by cpu_time_total" in printed and "tiny: update, by cpu_time_total" in printed
     row = json.loads(out.read_text().splitlines()[-1])
     assert row["episodes"] == 6 and row["gen_tokens"] == 6 * 3 * 8 and row["decode_steps"] == 3 * 8
     assert row["args"]["reply_tokens"] == 8 and row["floor_frac"] > 0 and row["mfu"] > 0

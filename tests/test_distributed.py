@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from conftest import run_main
 from test_rl import DIGITS_ENV, train_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,6 +39,10 @@ def launch(argv, ranks, env_dir=None, timeout=300):
 
 
 def run(argv, ranks, env_dir=None):
+    """`torchrun` with RANKS processes, or for 0 ranks SCRIPT's main() in this test process: one process, no
+    process group."""
+    if not ranks:
+        return run_main(argv[0].removesuffix(".py"), argv[1:], env_dir)
     res = launch(argv, ranks, env_dir)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout

@@ -3,16 +3,15 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from common import token_logprobs
+from conftest import run_main
 from rl import policy_loss
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = torch.tensor
 
 
@@ -148,13 +147,9 @@ def load_environment():
 
 
 def run_rl(model, out, steps, extra=(), env_dir=None):
-    cmd = [sys.executable, "rl.py", "--model", model, "--env", "digits", "--batch", "8", "--group", "4", "--steps", str(steps),
-           "--max_new_tokens", "6", "--lr", "1e-2", "--warmup", "1", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
-           "--temp", "1.5", "--out", out, "--device", "cpu", *extra]
-    env = {**os.environ, "PYTHONPATH": env_dir, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res.stdout
+    return run_main("rl", ["--model", model, "--env", "digits", "--batch", "8", "--group", "4", "--steps", str(steps),
+                           "--max_new_tokens", "6", "--lr", "1e-2", "--warmup", "1", "--eval_every", "0", "--eval_n", "2",
+                           "--save_every", "2", "--temp", "1.5", "--out", out, "--device", "cpu", *extra], env_dir)
 
 
 def train_lines(out):

@@ -1,7 +1,6 @@
 """sft.py: the assistant-only loss mask, bad input, a scratch smoke run, and exact resume."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -9,14 +8,8 @@ import torch
 
 import env_tictactoe
 from common import load_model
+from conftest import run_main
 from sample import ChatTokens
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def sft(*args, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "sft.py", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def test_loss_mask_covers_exactly_the_assistant_turns(tiny_model_dir):
@@ -135,26 +128,23 @@ def test_scratch_smoke_and_exact_resume(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    res = sft(*SMALL, "--max_steps", "4", "--eval_every", "0", "--save_every", "2", "--schedule", "constant", "--out", a)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "step 4 | loss" in res.stdout and "games played" in res.stdout
+    out = run_main("sft", [*SMALL, "--max_steps", "4", "--eval_every", "0", "--save_every", "2", "--schedule", "constant", "--out", a])
+    assert "step 4 | loss" in out and "games played" in out
     model = AutoModelForCausalLM.from_pretrained(a)  # a plain transformers load
     assert model.config.model_type == "llama"
     results = json.load(open(os.path.join(a, "sft_results.json")))
     assert results["step"] == 4 and "optimal" in results["eval"] and results["eval"]["random"]["n"] == 2
     assert json.load(open(os.path.join(a, "sft_args.json")))["max_steps"] == 4
-    res = subprocess.run([sys.executable, "eval.py", "--model", a, "--opponent", "random", "-n", "2", "--max_new_tokens", "8"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "win_rate" in res.stdout, res.stderr[-2000:]
+    assert "win_rate" in run_main("eval", ["--model", a, "--opponent", "random", "-n", "2", "--max_new_tokens", "8"])
     # interrupted after 2 steps (same data: the scratch build and the teacher games are seeded), then resumed
-    assert sft(*SMALL, "--max_steps", "2", "--eval_every", "0", "--schedule", "constant", "--out", b).returncode == 0
-    res = sft(*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume")
-    assert res.returncode == 0 and "resumed from" in res.stdout, res.stderr[-2000:]
+    run_main("sft", [*SMALL, "--max_steps", "2", "--eval_every", "0", "--schedule", "constant", "--out", b])
+    out = run_main("sft", [*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume"])
+    assert "resumed from" in out
     wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
     # a finished run resumed (speedrun.sh RESUME=1 after a later stage stopped) does nothing: no second final
     # evaluation in the log
     rows = open(os.path.join(b, "metrics.jsonl")).read()
-    res = sft(*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume")
-    assert res.returncode == 0 and "nothing to do" in res.stdout, res.stderr[-2000:]
+    out = run_main("sft", [*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume"])
+    assert "nothing to do" in out
     assert open(os.path.join(b, "metrics.jsonl")).read() == rows
