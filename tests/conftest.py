@@ -1,5 +1,5 @@
-"""Shared fixtures: a tiny offline model for the rollout-engine, evaluator and trainer tests, and a timed
-subprocess runner for the environment tests.
+"""Shared fixtures: a tiny offline model for the rollout-engine, evaluator and trainer tests, a timed
+subprocess runner for the environment tests, and `run_main`, which runs a script's command line in the test process.
 
 Everything is offline and CPU-only: the model is a tiny random-init Llama built by `sft.build_scratch` (a BPE
 tokenizer trained on scripted tic-tac-toe transcripts, ChatML template), saved with save_pretrained and loaded
