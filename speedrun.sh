@@ -9,7 +9,7 @@
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
 #                            # RL first on block and opening puzzles (one decision each), then on games and puzzles
 #   TEACHER=rules_then ...   # rules_wins's recipe, the think also ending with where it could complete a line after its
-#                            # move (`Then: me 2 6.`), which the next turn's check copies
+#                            # move (`Then: me 2 6.`), which the next turn's check copies; win puzzles in the block stage
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -31,7 +31,7 @@ SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher'
 # the solver scores that decision alone, and not from whole games (docs/RANDOM_TEACHER.md); TEACHER=rules_then: the
 # rules_wins recipe, the think also ending with `Then: me 2 6.` (where it could complete a line after its move), so
 # that its next check's `me` part is that list less the opponent's reply: RL lost the `me` part where it had to be
-# found on the board; measured once (seed 0), behind rules_wins: 203 lost lines at step 120 against 42
+# found on the board; measured once (seed 0), behind rules_wins: 137 lost lines at step 120 against 42
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
@@ -46,6 +46,7 @@ PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TE
 # 8 positions a step its sampled block rate swung by 0.4 from step to step and the stage's certificate varied by
 # seed, 288-455 lost lines (32 blocks alone: 215-333; with the 16 openings: 170-257)
 PUZZLE_BATCH=384
+PUZZLE_KINDS='"block", "block", "opening"'  # the block stage's puzzles, one kind drawn per puzzle
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "rules_then" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
@@ -65,6 +66,12 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     PUZZLE_STEPS_DEFAULT=60
     EXPLOIT_DEFAULT=0  # measured without the exploiter
     RL_STEPS=${RL_STEPS:-120}  # three seeds: 42, 168, 121 lost lines at step 120
+  fi
+  if [ "$TEACHER" = "rules_then" ]; then
+    # win puzzles beside the blocks: without them the block stage drops the check's `me` part (no block or opening
+    # holds a win of X's); they slow the blocks, so 140 steps of 64 positions (seed 0: 203 lost lines at the end
+    # with the 60-step block stage, 137 with this one)
+    PUZZLE_KINDS='"block", "block", "win", "opening"'; PUZZLE_BATCH=512; PUZZLE_STEPS_DEFAULT=140
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -95,7 +102,7 @@ SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": ${SFT_OPENING:-$OPENING}${SF
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
 RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
-PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [\"block\", \"block\", \"opening\"]}"
+PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [$PUZZLE_KINDS]}"
 if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [\"threat\", \"opening\"]}"; fi
 if [ "${QUICK:-0}" = "1" ]; then
   # a model this small and short-trained rarely ends a reply: every evaluated reply runs to the token limit
@@ -128,7 +135,7 @@ RL_FROM="$OUT/sft"
 PUZZLE_RL=""
 if [ "$PUZZLE_STEPS" -gt 0 ]; then
   PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
-  stamp "3a. RL on block and opening puzzles from the SFT model"
+  stamp "3a. RL on puzzles ($PUZZLE_KINDS) from the SFT model"
   python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
   RL_FROM="$OUT/rl_puzzles"
 fi
