@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 import common  # noqa: E402
 import sample  # noqa: E402
+from conftest import run_main  # noqa: E402
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, advance, new_episode, rollout  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -556,11 +557,10 @@ BOARD_ROW = re.compile(r"^\s*[0-9XO]\|[0-9XO]\|[0-9XO]$", re.M)
 
 def test_cli_sample_hf_model(tiny_model_dir, tmp_path):
     out = tmp_path / "recs.jsonl"
-    p = _run(["sample.py", "--model", tiny_model_dir, "--env", "tictactoe", "-n", "2", "--max_new_tokens", "8",
-              "--device", "cpu", "--out", str(out)])
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "=== example 0 rollout 0" in p.stdout and "=== example 1 rollout 0" in p.stdout
-    assert len(BOARD_ROW.findall(p.stdout)) >= 6
+    printed = run_main("sample", ["--model", tiny_model_dir, "--env", "tictactoe", "-n", "2", "--max_new_tokens", "8",
+                                  "--device", "cpu", "--out", str(out)])
+    assert "=== example 0 rollout 0" in printed and "=== example 1 rollout 0" in printed
+    assert len(BOARD_ROW.findall(printed)) >= 6
     lines = out.read_text().splitlines()
     assert len(lines) == 2 and all(len(json.loads(l)["ids"]) > 0 for l in lines)
 
