@@ -76,9 +76,9 @@ def pytest_collection_modifyitems(config, items):
 
 def run_main(script, argv, env_dir=None):
     """`python SCRIPT.py ARGV...` inside this test process, on one thread, with env_dir's env_*.py files found
-    first; returns what it printed. Starting python with torch and transformers costs about 5 s of this CPU a run,
-    paid here once per test process (the command line itself is tested in subprocesses: test_speedrun,
-    test_distributed). A failing run raises, as its process would exit non-zero."""
+    first; returns what it printed. Starting python with torch and transformers costs about 7-9 s of this CPU a
+    run, paid here once per test process (the command lines themselves are tested in subprocesses: test_speedrun,
+    test_distributed, test_sample). A failing run raises, as its process would exit non-zero."""
     import contextlib
     import importlib
     import io

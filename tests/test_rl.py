@@ -3,7 +3,6 @@ import argparse
 import json
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -231,11 +230,9 @@ def test_resume_after_a_crash_past_a_certificate_logs_it_once(tiny_model_dir, tm
             raise RuntimeError("killed")
         return real(*args, **kwargs)
     monkeypatch.setattr(rl, "sample_rollouts", crash_in_the_third_rollout)
-    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", tiny_model_dir, "--batch", "8", "--group", "4", "--steps", "3",
-                                      "--max_new_tokens", "6", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
-                                      "--out", b, "--device", "cpu", *extra])
     with pytest.raises(RuntimeError, match="killed"):
-        rl.main()
+        run_main("rl", ["--model", tiny_model_dir, "--batch", "8", "--group", "4", "--steps", "3", "--max_new_tokens", "6",
+                        "--eval_every", "0", "--eval_n", "2", "--save_every", "2", "--out", b, "--device", "cpu", *extra])
     run_rl(tiny_model_dir, b, 3, extra + ["--resume"], env_dir=str(tmp_path))
     kinds = lambda out: [(json.loads(line)["step"], "certify_lines" in line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert kinds(b) == kinds(a)
@@ -249,10 +246,9 @@ def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch,
     def oom(*a, **kw):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 990.00 MiB.")
     monkeypatch.setattr(rl, where, oom)
-    monkeypatch.setattr(sys, "argv", ["rl.py", "--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "1",
-                                      "--max_new_tokens", "4", "--eval_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
     with pytest.raises(SystemExit, match=f"out of GPU memory in the {where}.*{knob}"):
-        rl.main()
+        run_main("rl", ["--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "1", "--max_new_tokens", "4",
+                        "--eval_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
 
 
 def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):

@@ -1,7 +1,6 @@
 """sft.py: the assistant-only loss mask, bad input, a scratch smoke run, and exact resume."""
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -95,28 +94,26 @@ def test_shared_prefix_forward_equals_full_forward(tiny_model_dir):
     assert torch.allclose(decoder_hidden(model, other), model.get_decoder()(input_ids=other).last_hidden_state, atol=1e-5)
 
 
-def sft_in_process(monkeypatch, capsys, *args):
+def sft_in_process(capsys, *args):
     """sft.py's main() in this process (no interpreter to start): returns what it stopped with, the SystemExit's
     message or argparse's, on stderr."""
-    import sft as sft_mod
-    monkeypatch.setattr(sys, "argv", ["sft.py", *args])
     with pytest.raises(SystemExit) as e:
-        sft_mod.main()
+        run_main("sft", list(args))
     assert e.value.code not in (0, None), "sft.py stopped as if it had succeeded"
     return f"{e.value.code} {capsys.readouterr().err}"
 
 
-def test_bad_data_and_bad_model(tmp_path, monkeypatch, capsys):
+def test_bad_data_and_bad_model(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}\nnot json\n')
-    assert "bad.jsonl:2" in sft_in_process(monkeypatch, capsys, "--data", str(bad), "--out", str(tmp_path / "o"))
+    assert "bad.jsonl:2" in sft_in_process(capsys, "--data", str(bad), "--out", str(tmp_path / "o"))
     assert os.listdir(tmp_path) == ["bad.jsonl"]  # read before the scratch model is built: nothing written
-    said = sft_in_process(monkeypatch, capsys, "--model", str(tmp_path / "missing_model"), "--n_games", "4", "--out", str(tmp_path / "o2"))
+    said = sft_in_process(capsys, "--model", str(tmp_path / "missing_model"), "--n_games", "4", "--out", str(tmp_path / "o2"))
     assert "could not load model" in said
     assert not os.path.exists(tmp_path / "o2")  # the model is loaded before a game is played or a file written
-    said = sft_in_process(monkeypatch, capsys, "--teacher", "random", "--keep", "reward>=99", "--n_games", "2", "--out", str(tmp_path / "o3"))
+    said = sft_in_process(capsys, "--teacher", "random", "--keep", "reward>=99", "--n_games", "2", "--out", str(tmp_path / "o3"))
     assert "no conversations left" in said
-    said = sft_in_process(monkeypatch, capsys, "--n_games", "0", "--out", str(tmp_path / "o4"))
+    said = sft_in_process(capsys, "--n_games", "0", "--out", str(tmp_path / "o4"))
     assert "--n_games 0: must be >= 1" in said and not os.path.exists(tmp_path / "o4")
 
 
