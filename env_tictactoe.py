@@ -317,7 +317,8 @@ class TicTacToe:
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                 loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1, opponent=None):
+                 loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
+                 missed_win_penalty=0.0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -337,6 +338,7 @@ class TicTacToe:
                 ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
                 ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
+                ("missed_win_penalty", missed_win_penalty, finite_non_negative(missed_win_penalty), "a number >= 0"),
                 ("puzzles", puzzles, number(puzzles) and 0 <= puzzles <= 1, "a share in [0, 1]"),
                 ("puzzle_kind", puzzle_kind, kinds and all(k in PUZZLE_KINDS for k in kinds),
                  " or ".join(map(repr, PUZZLE_KINDS)) + ", or a list of them"),
@@ -348,8 +350,10 @@ class TicTacToe:
         self.opening_player, self.replay_from = opening_player, replay_from
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
         self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
+        self.missed_win_penalty = missed_win_penalty
         # an instance's weights: the class's are every other game's
-        extra = {name: w for name, w in (("check", check_reward), ("optimal", optimal_reward)) if w}
+        extra = {name: w for name, w in (("check", check_reward), ("optimal", optimal_reward),
+                                         ("missed_win", missed_win_penalty)) if w}
         if extra:
             self.reward_weights = {**TicTacToe.reward_weights, **extra}
         # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
@@ -383,8 +387,8 @@ class TicTacToe:
         state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
-                 "turns": 0, "well_formed": 0, "true_checks": 0, "optimal_moves": 0, "invalid_moves": 0, "winner": None,
-                 "cut_off": False, "done": False, "max_turns": example.get("max_turns", self.max_turns)}
+                 "turns": 0, "well_formed": 0, "true_checks": 0, "missed_wins": 0, "optimal_moves": 0, "invalid_moves": 0,
+                 "winner": None, "cut_off": False, "done": False, "max_turns": example.get("max_turns", self.max_turns)}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         if "position" in example:
@@ -427,6 +431,8 @@ class TicTacToe:
             news = f"Invalid move: {why}. The board is unchanged."
         else:
             state["optimal_moves"] += cell in best_moves(state["board"], "X")
+            named = stated_own_wins(reply) or []
+            state["missed_wins"] += bool(named) and cell not in named
             state["board"] = play(state["board"], cell, "X")
             news = f"You took cell {cell}."
             if self._finish(state):
@@ -450,6 +456,8 @@ class TicTacToe:
             rewards["check"] = state["true_checks"] / max(state["turns"], 1)
         if self.optimal_reward:
             rewards["optimal"] = state["optimal_moves"] / max(state["turns"], 1)
+        if self.missed_win_penalty:
+            rewards["missed_win"] = -state["missed_wins"] / max(state["turns"], 1)
         return rewards
 
     def metrics(self, state):
@@ -540,7 +548,8 @@ class TicTacToe:
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                     loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1, opponent=None):
+                     loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
+                     missed_win_penalty=0.0, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -568,8 +577,10 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     (either) or "opening" (X's first or second move, where some move loses the value), or a list of kinds (one
     drawn per puzzle), and end after puzzle_turns replies, so that a group's rollouts answer one decision (with
     optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
-    opponent: a function state -> cell that
+    missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
+    whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (with check_reward,
+    a stated win pays only when it is the move); opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
-                     opponent)
+                     missed_win_penalty, opponent)

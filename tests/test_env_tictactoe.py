@@ -1030,6 +1030,31 @@ def test_check_reward_scores_the_true_wins_statements_only():
     assert "check" not in ttt.load_environment(show_cells=True).rewards(state)
 
 
+def test_missed_win_penalty_costs_a_stated_win_not_taken():
+    """missed_win_penalty: minus the share of replies whose `Wins:` check names a win of X's and whose move is
+    elsewhere; a stated win taken, a check naming none, or an invalid move costs nothing; off by default."""
+    env = ttt.load_environment(show_cells=True, max_turns=2, missed_win_penalty=0.5)
+    assert env.reward_weights["missed_win"] == 0.5 and "missed_win" not in ttt.load_environment().reward_weights
+    example = {"seed": 1, "random_move_prob": 0.0, "model_first": True, "replies": {"X........": 3, "XX.O.....": 4},
+               "position": "XX.OO...."}
+
+    def play(*replies):
+        state, _ = env.reset(example)
+        for reply in replies:
+            if not state["done"]:
+                env.step(state, reply)
+        return env.rewards(state)["missed_win"]
+
+    taken = "<think>Wins: me 2, opponent 5.</think><move>2</move>"
+    missed = "<think>Wins: me 2, opponent 5. I block.</think><move>5</move>"
+    unstated = "<think>Wins: me none, opponent 5. I block.</think><move>5</move>"
+    assert play(taken) == 0.0
+    assert play(unstated, "<move>x</move>") == 0.0
+    assert play("<think>Wins: me 2, opponent 5.</think><move>x</move>", taken) == 0.0  # invalid, then the win
+    assert play(missed, "<move>8</move>") == pytest.approx(-0.5)  # one of two replies
+    assert "missed_win" not in ttt.load_environment(show_cells=True).rewards(env.reset(example)[0])
+
+
 def test_unknown_scripted_player():
     with pytest.raises(ValueError, match="perfect"):
         ttt.load_environment().scripted_player("perfect")
