@@ -5,7 +5,6 @@ train the same weights as one process (up to float rounding: the sums are split 
 metrics, resume from a checkpoint written by any number of ranks, and leave only rank 0's files."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -76,21 +75,18 @@ def certificates(out):
 
 def test_rl_two_ranks_train_as_one_process_and_resume_across_rank_counts(tiny_model_dir, tmp_path):
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
-    one, two, crossed = (str(tmp_path / n) for n in ("one", "two", "crossed"))
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
     base, env_dir = RL + ["--model", tiny_model_dir], str(tmp_path)
     run(base + ["--steps", "4", "--out", one], 0, env_dir)  # the reference: one process, no process group
     assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
     out = run(base + ["--steps", "2", "--out", two], 2, env_dir)  # two ranks, "interrupted" after step 2 ...
     assert out.count("step 2 | reward") == 1, "only rank 0 prints"
-    shutil.copytree(two, crossed)
-    run(base + ["--steps", "4", "--out", two, "--resume"], 2, env_dir)  # ... and resumed by two ranks
-    assert_same_run(one, two)
     # only rank 0 wrote: the same files as one process, every log line once
     assert sorted(os.listdir(one)) == sorted(os.listdir(two))
-    assert [r["step"] for r in train_lines(two)] == [1, 2, 3, 4]
-    # a checkpoint written by two ranks, resumed by one process
-    run(base + ["--steps", "4", "--out", crossed, "--resume"], 0, env_dir)
-    assert_same_run(one, crossed)
+    assert [r["step"] for r in train_lines(two)] == [1, 2]
+    # ... and resumed by one process (the exploiter's test below resumes a one-process checkpoint with two ranks)
+    run(base + ["--steps", "4", "--out", two, "--resume"], 0, env_dir)
+    assert_same_run(one, two)
 
 
 def test_rl_exploiter_under_two_ranks_and_one_process_resumed_into_two(tiny_model_dir, tmp_path):

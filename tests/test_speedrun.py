@@ -9,18 +9,20 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-TEACHERS = ["minimax", "rules", "rules_wins"]
+# the flagship recipe, and the random teacher's puzzle recipe (`rules` and `rules_then` share its branch of
+# speedrun.sh; their scripted players are tested in test_env_tictactoe)
+TEACHERS = ["minimax", "rules_wins"]
 
 
 @pytest.fixture(scope="module")
 def speedruns(tmp_path_factory):
-    """The three quick speedruns at once, one thread each (each is mostly one process at a time: run one after
-    another, they would leave a core idle): {teacher: (OUT, RL_FLAGS, return code, stdout + stderr)}."""
+    """The quick speedruns at once, one thread each (each is mostly one process at a time: run one after another,
+    they would leave a core idle): {teacher: (OUT, RL_FLAGS, return code, stdout + stderr)}."""
     started = {}
     for teacher in TEACHERS:
         out = str(tmp_path_factory.mktemp(teacher) / "run")
-        # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules run passes one)
-        rl_flags = "--loss_agg sequence" if teacher == "rules" else ""
+        # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules_wins run passes one)
+        rl_flags = "--loss_agg sequence" if teacher == "rules_wins" else ""
         env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags}
         # a session of its own, so that a run past its time is stopped with its python children, which hold the pipe
         started[teacher] = out, rl_flags, subprocess.Popen(["bash", "speedrun.sh"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -56,14 +58,12 @@ def test_quick_speedrun(speedruns, teacher):
     assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
     replies = [m["content"] for line in open(os.path.join(out, "sft", "data.jsonl"))
                for m in json.loads(line)["messages"] if m["role"] == "assistant"]
-    if teacher == "rules":  # the format and legal moves, nothing strategic; every game kept, none starts in mid-game
-        assert "| teacher (rules: a random legal move, no strategy) |" in report
-        assert all(r.startswith("<think>Free cells: ") and "win" not in r and "threat" not in r for r in replies)
-        assert sum(1 for _ in open(os.path.join(out, "sft", "teacher_games.jsonl"))) == len(open(os.path.join(out, "sft", "data.jsonl")).readlines())
-        assert "moves so far" not in open(os.path.join(out, "sft", "data.jsonl")).read()
-    elif teacher == "rules_wins":  # random moves, the think stating the wins; games from random-X openings; RL first
-        # on block and opening puzzles, then on games and threat and opening puzzles, each stage's command in the report
+    if teacher == "rules_wins":  # random moves, the think stating the wins, every game kept; games from random-X
+        # openings; RL first on block and opening puzzles, then on games and threat and opening puzzles, each stage's
+        # command in the report
+        assert "| teacher (rules_wins: a random legal move, no strategy) |" in report
         assert all(r.startswith("<think>Wins: me ") and "threat" not in r for r in replies)
+        assert sum(1 for _ in open(os.path.join(out, "sft", "teacher_games.jsonl"))) == len(open(os.path.join(out, "sft", "data.jsonl")).readlines())
         assert "moves so far" in open(os.path.join(out, "sft", "data.jsonl")).read()
         puzzle_args = json.load(open(os.path.join(out, "rl_puzzles", "rl_args.json")))
         assert json.loads(puzzle_args["env_args"])["puzzles"] == 1.0 and puzzle_args["steps"] == 2 and puzzle_args["exploit"] == 0
