@@ -578,8 +578,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     drawn per puzzle), and end after puzzle_turns replies, so that a group's rollouts answer one decision (with
     optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
     missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
-    whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (with check_reward,
-    a stated win pays only when it is the move); opponent: a function state -> cell that
+    whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
+    is not counted): a cost for a stated win that is not the move; opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
