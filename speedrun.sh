@@ -31,7 +31,8 @@ SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher'
 # the solver scores that decision alone, and not from whole games (docs/RANDOM_TEACHER.md); TEACHER=rules_then: the
 # rules_wins recipe, the think also ending with `Then: me 2 6.` (where it could complete a line after its move), so
 # that its next check's `me` part is that list less the opponent's reply: RL lost the `me` part where it had to be
-# found on the board; behind rules_wins on seeds 0 and 1: 137 and 197 lost lines at step 120 against 42 and 168
+# found on the board, and a KL penalty in the second stage keeps it; behind rules_wins on seeds 0 and 1: 119 and 151
+# lost lines at step 120 against 42 and 168
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
@@ -47,6 +48,7 @@ PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TE
 # seed, 288-455 lost lines (32 blocks alone: 215-333; with the 16 openings: 170-257)
 PUZZLE_BATCH=384
 PUZZLE_KINDS='"block", "block", "opening"'  # the block stage's puzzles, one kind drawn per puzzle
+RL_MAIN_FLAGS=""  # rl.py flags of the main RL stage alone, not of the puzzle stage before it
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "rules_then" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
   # all games kept (keeping the won ones would select for strategy); RL from the empty board, longer and faster
@@ -72,6 +74,9 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # holds a win of X's); they slow the blocks, so 140 steps of 64 positions (seed 0: 203 lost lines at the end
     # with the 60-step block stage, 137 with this one)
     PUZZLE_KINDS='"block", "block", "win", "opening"'; PUZZLE_BATCH=512; PUZZLE_STEPS_DEFAULT=140
+    # a KL penalty to the block stage's model keeps the `me` part in the second stage (seeds 0 and 1: 119 and 151
+    # lost lines at step 120, against 137 and 197 without)
+    RL_MAIN_FLAGS="--beta 0.05"
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -117,7 +122,8 @@ else
   N_EVAL=${N_EVAL:-200}
 fi
 SFT="$SFT --keep $KEEP --seed $SEED"
-RL="$RL --seed $SEED ${RL_FLAGS:-}"  # RL_FLAGS: more rl.py flags, after the recipe's (the last of a flag wins)
+RL_MAIN="$RL --seed $SEED $RL_MAIN_FLAGS ${RL_FLAGS:-}"  # RL_FLAGS: more rl.py flags, after the recipe's (the last of a flag wins)
+RL="$RL --seed $SEED ${RL_FLAGS:-}"  # the puzzle stage's
 # RESUME=1: every sft.py and rl.py stage passes --resume (a stage already finished does nothing, one without a
 # checkpoint starts fresh) and the logs are appended to; the report's times are then this invocation's alone
 RESUME_FLAG=""; TEE="tee"
@@ -143,7 +149,7 @@ fi
 stamp "3. RL from $RL_FROM"
 # an earlier run's best weights must not stand in for this run's RL model (a resumed run's are its own)
 if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_best"; fi
-python rl.py --model "$RL_FROM" $RL --env_args "$RL_ENV" --out "$OUT/rl" $RESUME_FLAG | $TEE "$OUT/rl.log"
+python rl.py --model "$RL_FROM" $RL_MAIN --env_args "$RL_ENV" --out "$OUT/rl" $RESUME_FLAG | $TEE "$OUT/rl.log"
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
@@ -159,6 +165,6 @@ T_ALL=$SECONDS
 
 stamp "5. report"
 python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
-  --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV" \
+  --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL_MAIN --env_args '$RL_ENV'" --env_args "$ENV" \
   ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"}
 stamp "done: $OUT/report.md"
