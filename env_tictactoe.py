@@ -318,7 +318,7 @@ class TicTacToe:
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                  loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                 missed_win_penalty=0.0, opponent=None):
+                 missed_win_penalty=0.0, show_wins=False, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -332,6 +332,7 @@ class TicTacToe:
                 ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
                 ("invalid_penalty", invalid_penalty, finite_non_negative(invalid_penalty), "a number >= 0"),
                 ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
+                ("show_wins", show_wins, isinstance(show_wins, bool), "true or false"),
                 ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
                 ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
@@ -346,7 +347,7 @@ class TicTacToe:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
-        self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
+        self.invalid_penalty, self.show_cells, self.show_wins, self.opening = invalid_penalty, show_cells, show_wins, opening
         self.opening_player, self.replay_from = opening_player, replay_from
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
         self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
@@ -519,12 +520,17 @@ class TicTacToe:
     # --- internals
     def _show(self, state):
         board = state["board"]
-        cells = " ".join(map(str, free_cells(board)))
-        if not self.show_cells:
-            return f"{render(board)}\nFree cells: {cells}. Your move."
-        # each side's cells as numbers: a small model otherwise has to locate every X and O by counting positions
-        mine, theirs = (" ".join(map(str, cells_of(board, p))) or "none" for p in "XO")
-        return f"{render(board)}\nYou (X): {mine}. Opponent (O): {theirs}.\nFree cells: {cells}. Your move."
+        lines = [render(board)]
+        if self.show_cells:
+            # each side's cells as numbers: a small model otherwise has to locate every X and O by counting positions
+            mine, theirs = (" ".join(map(str, cells_of(board, p))) or "none" for p in "XO")
+            lines.append(f"You (X): {mine}. Opponent (O): {theirs}.")
+        if self.show_wins:
+            # where each side could complete a line now, read off the board for the model: a fact of the rules
+            mine, theirs = (" ".join(map(str, threats(board, p))) or "none" for p in "XO")
+            lines.append(f"Wins now: you {mine}, opponent {theirs}.")
+        lines.append(f"Free cells: {' '.join(map(str, free_cells(board)))}. Your move.")
+        return "\n".join(lines)
 
     def _opponent(self, state):
         board = state["board"]
@@ -549,7 +555,7 @@ class TicTacToe:
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                      loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                     missed_win_penalty=0.0, opponent=None):
+                     missed_win_penalty=0.0, show_wins=False, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -579,8 +585,10 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
     missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
     whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
-    is not counted): a cost for a stated win that is not the move; opponent: a function state -> cell that
+    is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each
+    side could complete a line now ("Wins now: you 7, opponent none."), read off the board by the environment, so
+    that a small model need not find its lines itself (the rules_wins teacher's check then copies it); opponent: a function state -> cell that
     replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
-                     missed_win_penalty, opponent)
+                     missed_win_penalty, show_wins, opponent)

@@ -3,7 +3,7 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
 #   RESUME=1 ...                  # after a crash or a stop: the same settings again, each stage going on from its last checkpoint in OUT
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
@@ -37,6 +37,11 @@ TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
+# SHOW_WINS=true: every message also states where each side could complete a line now (`Wins now: you 7, opponent
+# none.`), so the model need not find its lines on the board (the rules_wins check then copies it)
+SHOW_WINS=${SHOW_WINS:-false}
+VIEW="\"show_cells\": $SHOW_CELLS"
+if [ "$SHOW_WINS" = "true" ]; then VIEW="$VIEW, \"show_wins\": true"; fi
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
@@ -100,14 +105,14 @@ else
 fi
 EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}
 PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
-ENV="{\"show_cells\": $SHOW_CELLS}"  # the evaluation's environment: every game from the empty board
+ENV="{$VIEW}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
 # endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
-SFT_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": ${SFT_OPENING:-$OPENING}${SFT_OPENING_PLAYER:+, \"opening_player\": \"$SFT_OPENING_PLAYER\"}}"
+SFT_ENV="{$VIEW, \"opening\": ${SFT_OPENING:-$OPENING}${SFT_OPENING_PLAYER:+, \"opening_player\": \"$SFT_OPENING_PLAYER\"}}"
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
-RL_ENV="{\"show_cells\": $SHOW_CELLS, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
-PUZZLE_ENV="{\"show_cells\": $SHOW_CELLS, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [$PUZZLE_KINDS]}"
+RL_ENV="{$VIEW, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
+PUZZLE_ENV="{$VIEW, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [$PUZZLE_KINDS]}"
 if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [\"threat\", \"opening\"]}"; fi
 if [ "${QUICK:-0}" = "1" ]; then
   # a model this small and short-trained rarely ends a reply: every evaluated reply runs to the token limit

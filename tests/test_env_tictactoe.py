@@ -531,6 +531,19 @@ def test_show_cells_lists_each_sides_cells_and_survives_an_invalid_move():
     assert "You (X): 4 8. Opponent (O): 0 2.\nFree cells: 1 3 5 6 7." in msgs[3]
 
 
+def test_show_wins_states_where_each_side_could_complete_a_line():
+    env, state, msgs = scripted_game([4, 8, 1], [0, 2, 3], show_cells=True, show_wins=True)
+    assert msgs[0].endswith("6|7|8\nYou (X): none. Opponent (O): none.\nWins now: you none, opponent none.\n"
+                            "Free cells: 0 1 2 3 4 5 6 7 8. Your move.")
+    assert "You (X): 4 8. Opponent (O): 0 2.\nWins now: you none, opponent 1.\nFree cells: 1 3 5 6 7." in msgs[2]
+    assert "You (X): 1 4 8. Opponent (O): 0 2 3.\nWins now: you 7, opponent 6.\n" in msgs[3]
+    board = "O.X.X...X"  # two lines for X, through 5 and 6; the message says what the teacher's check says
+    assert ttt.wins_check(board, "X") == "Wins: me 5 6, opponent none."
+    only_wins = ttt.load_environment(show_wins=True)._show({"board": board})
+    assert only_wins.endswith("6|7|X\nWins now: you 5 6, opponent none.\nFree cells: 1 3 5 6 7. Your move.")
+    assert "Wins now" not in ttt.load_environment(show_cells=True)._show({"board": board})  # opt-in
+
+
 def test_opening_starts_from_a_reachable_position_with_the_moves_listed():
     """opening=k: up to k rounds of the scripted player's X and the example's own O before the model's first
     turn; the listed moves replay to the board, X's are the player's moves, and the game is never over."""
@@ -915,6 +928,7 @@ def test_well_formed_property(think, cell, ws):
     ({"invalid_penalty": -0.1}, "invalid_penalty"),
     ({"invalid_penalty": float("nan")}, "invalid_penalty"),
     ({"show_cells": "yes"}, "show_cells"),
+    ({"show_wins": 1}, "show_wins"),
 ])
 def test_bad_arguments_raise_naming_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
