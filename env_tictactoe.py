@@ -347,7 +347,8 @@ class TicTacToe:
             if not ok:
                 raise ValueError(f"{name}={value!r}: must be {must}")
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
-        self.invalid_penalty, self.show_cells, self.show_wins, self.opening = invalid_penalty, show_cells, show_wins, opening
+        self.invalid_penalty, self.opening = invalid_penalty, opening
+        self.show_cells, self.show_wins = show_cells, show_wins
         self.opening_player, self.replay_from = opening_player, replay_from
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
         self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
@@ -587,8 +588,9 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
     is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each
     side could complete a line now ("Wins now: you 7, opponent none."), read off the board by the environment, so
-    that a small model need not find its lines itself (the rules_wins teacher's check then copies it); opponent: a function state -> cell that
-    replaces the seeded opponent (not from --env_args: sample.py --play and tests pass one)."""
+    that a small model need not find its lines itself (the rules_wins teacher's check then copies it); opponent: a
+    function state -> cell that replaces the seeded opponent (not from --env_args: sample.py --play and tests pass
+    one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
                      missed_win_penalty, show_wins, opponent)
