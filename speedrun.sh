@@ -10,6 +10,8 @@
 #                            # RL first on block and opening puzzles (one decision each), then on games and puzzles
 #   TEACHER=rules_then ...   # rules_wins's recipe, the think also ending with where it could complete a line after its
 #                            # move (`Then: me 2 6.`), which the next turn's check copies; win puzzles in the block stage
+#   TEACHER=rules_wins SHOW_WINS=true ...   # rules_wins's recipe, the environment stating where each side could complete
+#                            # a line now, so the student need not find its lines (seed 0: 8 lost lines, all to forks)
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
