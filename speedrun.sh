@@ -33,8 +33,8 @@ SEED=${SEED:-0}  # SFT's and RL's --seed: the scratch model's init, the teacher'
 # the solver scores that decision alone, and not from whole games (docs/RANDOM_TEACHER.md); TEACHER=rules_then: the
 # rules_wins recipe, the think also ending with `Then: me 2 6.` (where it could complete a line after its move), so
 # that its next check's `me` part is that list less the opponent's reply: RL lost the `me` part where it had to be
-# found on the board, and a KL penalty in the second stage keeps it; behind rules_wins on seeds 0 and 1: 119 and 151
-# lost lines at step 120 against 42 and 168
+# found on the board, and a KL penalty in the second stage kept it on seed 0; behind rules_wins on seeds 0 and 1: 119
+# and 151 lost lines at step 120 against 42 and 168
 TEACHER=${TEACHER:-minimax}
 TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
@@ -43,7 +43,7 @@ SHOW_CELLS=${SHOW_CELLS:-true}
 # none.`), so the model need not find its lines on the board (the rules_wins check then copies it)
 SHOW_WINS=${SHOW_WINS:-false}
 VIEW="\"show_cells\": $SHOW_CELLS"
-if [ "$SHOW_WINS" = "true" ]; then VIEW="$VIEW, \"show_wins\": true"; fi
+case "$SHOW_WINS" in true) VIEW="$VIEW, \"show_wins\": true" ;; false) ;; *) echo "SHOW_WINS=$SHOW_WINS: use true or false" >&2; exit 2 ;; esac
 # an exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy (~10 s) and replay the lines where it errs
 EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
@@ -81,8 +81,8 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # holds a win of X's); they slow the blocks, so 140 steps of 64 positions (seed 0: 203 lost lines at the end
     # with the 60-step block stage, 137 with this one)
     PUZZLE_KINDS='"block", "block", "win", "opening"'; PUZZLE_BATCH=512; PUZZLE_STEPS_DEFAULT=140
-    # a KL penalty to the block stage's model keeps the `me` part in the second stage (seeds 0 and 1: 119 and 151
-    # lost lines at step 120, against 137 and 197 without)
+    # a KL penalty to the block stage's model in the second stage (seeds 0 and 1: 119 and 151 lost lines at step
+    # 120, against 137 and 197 without; seed 0 kept naming its own wins)
     RL_MAIN_FLAGS="--beta 0.05"
   fi
   RL_STEPS=${RL_STEPS:-300}
