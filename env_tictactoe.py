@@ -219,9 +219,14 @@ def explain(board, cell, player):
     return f"{wins_check(board, player)} {_reason(board, cell, player)}"
 
 
+def wins_now(board, player):
+    """Where `player`, then the other side, could complete a line now, as text: ('2 6', 'none')."""
+    return tuple(" ".join(map(str, threats(board, p))) or "none" for p in (player, other(player)))
+
+
 def wins_check(board, player):
     """Where each side could complete a line now: 'Wins: me 7, opponent none.'"""
-    mine, theirs = (" ".join(map(str, threats(board, p))) or "none" for p in (player, other(player)))
+    mine, theirs = wins_now(board, player)
     return f"Wins: me {mine}, opponent {theirs}."
 
 
@@ -528,7 +533,7 @@ class TicTacToe:
             lines.append(f"You (X): {mine}. Opponent (O): {theirs}.")
         if self.show_wins:
             # where each side could complete a line now, read off the board for the model: a fact of the rules
-            mine, theirs = (" ".join(map(str, threats(board, p))) or "none" for p in "XO")
+            mine, theirs = wins_now(board, "X")
             lines.append(f"Wins now: you {mine}, opponent {theirs}.")
         lines.append(f"Free cells: {' '.join(map(str, free_cells(board)))}. Your move.")
         return "\n".join(lines)
