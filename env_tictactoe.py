@@ -151,16 +151,18 @@ def line_moves(model_first, replies, board):
 PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
-PUZZLE_KINDS = ("block", "win", "threat", "opening")
+PUZZLE_KINDS = ("block", "win", "threat", "opening", "second")
 RULES_PLAYERS = ("rules", "rules_wins", "rules_then")  # the warm-up teachers that know only the format and the rules
 
 
 def demands(board, kind):
     """Does X to move on `board` face a puzzle of `kind`: "block" (O threatens one line, X has no win, and the game is
     not yet lost, so the block is the one move that keeps it), "win" (a line for X to complete now), "threat"
-    (either) or "opening" (X's first or second move, where some move loses the position's value)?"""
-    if kind == "opening":
-        return board.count("X") <= 1 and len(best_moves(board, "X")) < len(free_cells(board))
+    (either), "opening" (X's first or second move, where some move loses the position's value) or "second" (X's
+    second move, where some move loses it)?"""
+    if kind in ("opening", "second"):
+        x_moves = (0, 1) if kind == "opening" else (1,)
+        return board.count("X") in x_moves and len(best_moves(board, "X")) < len(free_cells(board))
     wins, their_wins = threats(board, "X"), threats(board, "O")
     block = not wins and len(their_wins) == 1 and value(board, "X") > -1
     return (kind != "win" and block) or (kind != "block" and bool(wins))
@@ -169,7 +171,8 @@ def demands(board, kind):
 def puzzle_line(rng, kind):
     """A line of uniformly random play, by both sides, to the first position that `demands` `kind`, X to move:
     (model_first, replies, board), the fields of a replayed line's example (see TicTacToe.reset). An "opening"
-    puzzle is X's first or second move, drawn at random, so that the second moves are not all cut short by a first."""
+    puzzle is X's first or second move, drawn at random, so that the second moves are not all cut short by a first.
+    A "second" puzzle's line has X's first move optimal, not random: the second moves a good first move leads to."""
     while True:
         model_first, board, replies = rng.random() < 0.5, "." * 9, {}
         nth = rng.randrange(2) if kind == "opening" else None
@@ -179,7 +182,7 @@ def puzzle_line(rng, kind):
         while winner(board) is None:
             if demands(board, kind) and nth in (None, board.count("X")):
                 return model_first, replies, board
-            board = play(board, rng.choice(free_cells(board)), "X")
+            board = play(board, rng.choice(best_moves(board, "X") if kind == "second" else free_cells(board)), "X")
             if winner(board) is not None:
                 break
             replies[board] = rng.choice(free_cells(board))
@@ -586,9 +589,9 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
     puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
     (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now), "threat"
-    (either) or "opening" (X's first or second move, where some move loses the value), or a list of kinds (one
-    drawn per puzzle), and end after puzzle_turns replies, so that a group's rollouts answer one decision (with
-    optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
+    (either), "opening" (X's first or second move, where some move loses the value) or "second" (X's second move
+    where some move loses it, X's first move optimal), or a list of kinds (one drawn per puzzle), and end after
+    puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
     missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
     whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
     is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each

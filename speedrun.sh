@@ -55,6 +55,7 @@ PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TE
 # seed, 288-455 lost lines (32 blocks alone: 215-333; with the 16 openings: 170-257)
 PUZZLE_BATCH=384
 PUZZLE_KINDS='"block", "block", "opening"'  # the block stage's puzzles, one kind drawn per puzzle
+MAIN_PUZZLE_KINDS='"threat", "opening"'  # the main RL's puzzles (half of its batch), when there is a block stage
 RL_MAIN_FLAGS=""  # rl.py flags of the main RL stage alone, not of the puzzle stage before it
 if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "rules_then" ]; then
   # no opening: its first rounds are the minimax player's, which the scratch model's context loss would learn;
@@ -84,6 +85,12 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # a KL penalty to the block stage's model in the second stage (seeds 0 and 1: 119 and 151 lost lines at step
     # 120, against 137 and 197 without; seed 0 kept naming its own wins)
     RL_MAIN_FLAGS="--beta 0.05"
+  fi
+  if [ "$SHOW_WINS" = "true" ]; then
+    # second-move puzzles in both stages: X's second move after an optimal first one. With the wins stated, the
+    # lost lines left were forks there (seed 0: 8, all after the centre reply to O's opening), which "opening"
+    # puzzles, their first move random, reach a tenth as often
+    PUZZLE_KINDS="$PUZZLE_KINDS, \"second\""; MAIN_PUZZLE_KINDS="$MAIN_PUZZLE_KINDS, \"second\""
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -115,7 +122,7 @@ SFT_ENV="{$VIEW, \"opening\": ${SFT_OPENING:-$OPENING}${SFT_OPENING_PLAYER:+, \"
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
 RL_ENV="{$VIEW, \"opening\": $OPENING, \"invalid_penalty\": 0.5$RL_REWARDS}"
 PUZZLE_ENV="{$VIEW, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [$PUZZLE_KINDS]}"
-if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [\"threat\", \"opening\"]}"; fi
+if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [$MAIN_PUZZLE_KINDS]}"; fi
 if [ "${QUICK:-0}" = "1" ]; then
   # a model this small and short-trained rarely ends a reply: every evaluated reply runs to the token limit
   MAX_NEW=24

@@ -662,6 +662,27 @@ def test_opening_puzzles_are_first_and_second_moves_that_can_lose_and_a_list_dra
             ttt.load_environment(puzzle_kind=bad)
 
 
+def test_second_puzzles_are_second_moves_that_can_lose_after_an_optimal_first_move():
+    """puzzle_kind="second": X's second move, where some move loses the position's value, on a line whose X move
+    was optimal (O's random): the positions a good first move leads to, a centre reply to a corner opening among
+    them, which "opening" puzzles (their X move random) rarely reach."""
+    examples = ttt.load_environment(puzzles=1.0, puzzle_kind="second").examples(600, seed=3)
+    centre_after_corner = 0
+    for ex in examples:
+        board, replies = ex["position"], ex["replies"]
+        assert board.count("X") == 1 and board.count("O") == 2 - ex["model_first"] and my_winner(board) is None
+        assert len(ttt.best_moves(board, "X")) < len(ttt.free_cells(board))  # a move that loses the value
+        before = EMPTY if ex["model_first"] else EMPTY[:replies[EMPTY]] + "O" + EMPTY[replies[EMPTY] + 1:]
+        x = board.index("X")
+        assert x in ttt.best_moves(before, "X")  # the first move was optimal
+        assert replies[before[:x] + "X" + before[x + 1:]] == [c for c in range(9) if board[c] == "O" and before[c] == "."][0]
+        centre_after_corner += not ex["model_first"] and x == 4 and replies[EMPTY] in ttt.CORNERS
+    opening = ttt.load_environment(puzzles=1.0, puzzle_kind="opening").examples(600, seed=3)
+    centre_after_corner_opening = sum(not ex["model_first"] and ex["position"].count("X") == 1 and ex["position"][4] == "X"
+                                      and ex["replies"][EMPTY] in ttt.CORNERS for ex in opening)
+    assert centre_after_corner > 100 and centre_after_corner > 5 * centre_after_corner_opening
+
+
 def test_certificate_and_evaluation_ignore_puzzles():
     """The certificate (and so the exploiter) plays every line from the empty board whatever the puzzles share, and
     the standard evaluations play full games."""
