@@ -591,7 +591,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now), "threat"
     (either), "opening" (X's first or second move, where some move loses the value) or "second" (X's second move
     where some move loses it, X's first move optimal), or a list of kinds (one drawn per puzzle), and end after
-    puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver scores it; the model must know the opening message, from SFT with opening > 0);
+    puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver scores it;
+    the model must know the opening message, from SFT with opening > 0);
     missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
     whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
     is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each
