@@ -151,7 +151,7 @@ def line_moves(model_first, replies, board):
 PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
-PUZZLE_KINDS = ("block", "win", "threat", "opening", "second")
+PUZZLE_KINDS = ("block", "win", "threat", "opening", "second", "start")
 RULES_PLAYERS = ("rules", "rules_wins", "rules_then")  # the warm-up teachers that know only the format and the rules
 
 
@@ -374,7 +374,8 @@ class TicTacToe:
         """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]. With `puzzles`, each
         example is, with that probability, a puzzle: a game that starts where random play first reached a position
         demanding `puzzle_kind` (`puzzle_line`; of a list, one kind drawn per puzzle), its moves listed as an
-        opening's, cut off after `puzzle_turns` replies."""
+        opening's, cut off after `puzzle_turns` replies; a "start" puzzle is a game from the empty board against a
+        uniformly random opponent, cut off after two replies (X's first two moves, asked in a game's messages)."""
         rng, puzzle_rng = random.Random(seed), stable_rng(seed, "puzzles")
         width = (self.hi - self.lo) / self.num_groups
         rows = []
@@ -384,6 +385,9 @@ class TicTacToe:
             if self.puzzles and puzzle_rng.random() < self.puzzles:
                 # one kind draws nothing: a one-kind list gives the same examples as that kind alone
                 kind = self.puzzle_kinds[0] if len(self.puzzle_kinds) == 1 else puzzle_rng.choice(self.puzzle_kinds)
+                if kind == "start":  # the game's own messages from the empty board, a random opponent, two replies
+                    rows[-1].update(model_first=puzzle_rng.random() < 0.5, random_move_prob=1.0, max_turns=2)
+                    continue
                 model_first, replies, board = puzzle_line(puzzle_rng, kind)
                 rows[-1].update(model_first=model_first, replies=replies, position=board, max_turns=self.puzzle_turns)
         return rows
@@ -589,10 +593,12 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
     puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
     (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now), "threat"
-    (either), "opening" (X's first or second move, where some move loses the value) or "second" (X's second move
-    where some move loses it, X's first move optimal), or a list of kinds (one drawn per puzzle), and end after
-    puzzle_turns replies, so that a group's rollouts answer one decision (with optimal_reward, the solver scores it;
-    the model must know the opening message, from SFT with opening > 0);
+    (either), "opening" (X's first or second move, where some move loses the value), "second" (X's second move
+    where some move loses it, X's first move optimal) or "start" (no position: a game from the empty board against
+    a uniformly random opponent, cut off after two replies, so X's first two moves in a game's own messages), or a
+    list of kinds (one drawn per puzzle), and end after puzzle_turns replies, so that a group's rollouts answer
+    one decision (with optimal_reward, the solver scores it; the model must know the opening message, from SFT
+    with opening > 0);
     missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
     whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
     is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each

@@ -87,10 +87,10 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     RL_MAIN_FLAGS="--beta 0.05"
   fi
   if [ "$SHOW_WINS" = "true" ]; then
-    # second-move puzzles in both stages: X's second move after an optimal first one. With the wins stated, the
-    # lost lines left were forks there (seed 0: 8, all after the centre reply to O's opening), which "opening"
-    # puzzles, their first move random, reach a tenth as often
-    PUZZLE_KINDS="$PUZZLE_KINDS, \"second\""; MAIN_PUZZLE_KINDS="$MAIN_PUZZLE_KINDS, \"second\""
+    # start puzzles in both stages: a game's first two replies, in the game's own messages. With the wins stated,
+    # the lost lines left were forks at X's second move, and a position's lesson learnt as a puzzle did not reach
+    # the same position in a game (docs/RANDOM_TEACHER.md)
+    PUZZLE_KINDS="$PUZZLE_KINDS, \"start\""; MAIN_PUZZLE_KINDS="$MAIN_PUZZLE_KINDS, \"start\""
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"

@@ -683,6 +683,28 @@ def test_second_puzzles_are_second_moves_that_can_lose_after_an_optimal_first_mo
     assert centre_after_corner > 100 and centre_after_corner > 5 * centre_after_corner_opening
 
 
+def test_start_puzzles_are_a_games_first_two_replies_against_a_random_opponent():
+    """puzzle_kind="start": no position; the game's own messages from the empty board, the opponent uniformly
+    random, cut off after X's second reply (not before), each side starting about as often."""
+    env = ttt.load_environment(show_cells=True, puzzles=1.0, puzzle_kind="start", optimal_reward=1.0)
+    examples = env.examples(200, seed=5)
+    assert all("position" not in ex and "replies" not in ex and ex["random_move_prob"] == 1.0 for ex in examples)
+    assert 70 < sum(ex["model_first"] for ex in examples) < 130
+    for ex in examples[:20]:
+        state, msg = env.reset(ex)
+        assert msg.startswith("New game.") and state["board"].count("O") == 1 - ex["model_first"]
+        optimal = []
+        for turn in range(2):
+            board, cell = state["board"], ttt.free_cells(state["board"])[0]
+            optimal.append(cell in ttt.best_moves(board, "X"))
+            assert (env.step(state, f"<think>a</think><move>{cell}</move>") is None) == (turn == 1) == state["done"]
+        assert state["cut_off"] or state["winner"] == "O"  # moving second, O's third move may win first
+        assert env.rewards(state)["optimal"] == sum(optimal) / 2
+    # a uniformly random opponent: its first moves cover the board
+    openings = Counter(env.reset(ex)[0]["board"].index("O") for ex in examples if not ex["model_first"])
+    assert set(openings) == set(range(9))
+
+
 def test_certificate_and_evaluation_ignore_puzzles():
     """The certificate (and so the exploiter) plays every line from the empty board whatever the puzzles share, and
     the standard evaluations play full games."""
