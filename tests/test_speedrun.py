@@ -83,3 +83,12 @@ def test_quick_speedrun(speedruns, teacher):
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
     assert results["rl_step"] == best["step"] in (0, 2)
     assert results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
+
+
+@pytest.mark.parametrize("setting, value, says", [("TEACHER", "random", "use minimax, rules, rules_wins or rules_then"),
+                                                  ("SHOW_WINS", "yes", "use true or false")])
+def test_a_bad_setting_stops_the_speedrun_before_any_stage(tmp_path, setting, value, says):
+    out = tmp_path / "run"
+    env = {**os.environ, "QUICK": "1", "OUT": str(out), setting: value}
+    proc = subprocess.run(["bash", "speedrun.sh"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and f"{setting}={value}: {says}" in proc.stderr and not out.exists()
