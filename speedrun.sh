@@ -40,7 +40,8 @@ TEACHER_P=${TEACHER_P:-0.2}
 # show_cells: every message also lists each side's cells, so the small model reads the position as numbers
 SHOW_CELLS=${SHOW_CELLS:-true}
 # SHOW_WINS=true: every message also states where each side could complete a line now (`Wins now: you 7, opponent
-# none.`), so the model need not find its lines on the board (the rules_wins check then copies it)
+# none.`), so the model need not find its lines on the board (the rules_wins check then copies it); with a block stage
+# (rules_wins, rules_then) it also brings that recipe's start puzzles and 3x solver reward, below
 SHOW_WINS=${SHOW_WINS:-false}
 VIEW="\"show_cells\": $SHOW_CELLS"
 case "$SHOW_WINS" in true) VIEW="$VIEW, \"show_wins\": true" ;; false) ;; *) echo "SHOW_WINS=$SHOW_WINS: use true or false" >&2; exit 2 ;; esac
@@ -71,7 +72,8 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
   # blocks to one opening (X's first or second move, where many lost lines began), then half of each batch puzzles
   # (a win to take or a threat to block, or an opening), half whole games
   if [ "$TEACHER" != "rules" ]; then
-    RL_REWARDS=', "check_reward": 0.5, "optimal_reward": 1.0'
+    CHECK_REWARD=', "check_reward": 0.5'
+    RL_REWARDS="$CHECK_REWARD, \"optimal_reward\": 1.0"
     SFT_OPENING=3
     SFT_OPENING_PLAYER=random
     PUZZLE_STEPS_DEFAULT=60
@@ -87,14 +89,14 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # 120, against 137 and 197 without; seed 0 kept naming its own wins)
     RL_MAIN_FLAGS="--beta 0.05"
   fi
-  if [ "$SHOW_WINS" = "true" ]; then
+  if [ "$SHOW_WINS" = "true" ] && [ "$TEACHER" != "rules" ]; then
     # start puzzles in both stages: a game's first two replies, in the game's own messages. With the wins stated,
     # the lost lines left were forks at X's second move, and a position's lesson learnt as a puzzle did not reach
     # the same position in a game (docs/RANDOM_TEACHER.md)
     PUZZLE_KINDS="$PUZZLE_KINDS, \"start\""; MAIN_PUZZLE_KINDS="$MAIN_PUZZLE_KINDS, \"start\""
     # the solver's reward weighs 3x in the second stage, so that one move that lets a drawn position go costs more
     # than the games' results pay for it (seed 0: 5 lost lines, against 13 at 1x)
-    MAIN_REWARDS=', "check_reward": 0.5, "optimal_reward": 3.0'
+    MAIN_REWARDS="$CHECK_REWARD, \"optimal_reward\": 3.0"
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
