@@ -153,6 +153,7 @@ PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 PUZZLE_KINDS = ("block", "win", "threat", "opening", "second", "start")
 RULES_PLAYERS = ("rules", "rules_wins", "rules_then")  # the warm-up teachers that know only the format and the rules
+SCRIPTED_PLAYERS = ("random", "minimax", *RULES_PLAYERS)
 
 
 def demands(board, kind):
@@ -212,6 +213,17 @@ def player_move(board):
     """The scripted minimax player's move for X (one per board): of `safe_moves`, the best `chance_vs_random`,
     ties broken by PREFERENCE."""
     return max(safe_moves(board), key=lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c)))
+
+
+def scripted_reply(name, board, cell):
+    """The reply of scripted player `name` taking `cell` as X: the rules players' <think> lists the free cells (and,
+    for rules_wins and rules_then, where each side could complete a line; rules_then's also where X could after
+    the move), the others' gives a reason (`explain`)."""
+    if name in RULES_PLAYERS:
+        check = f"{wins_check(board, 'X')} " if name != "rules" else ""
+        then = f" {then_check(board, cell)}" if name == "rules_then" else ""
+        return f"<think>{check}Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.{then}</think><move>{cell}</move>"
+    return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
 
 
 def explain(board, cell, player):
@@ -326,7 +338,7 @@ class TicTacToe:
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                  loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                 missed_win_penalty=0.0, show_wins=False, opponent=None):
+                 missed_win_penalty=0.0, show_wins=False, replay_explore=None, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -344,6 +356,8 @@ class TicTacToe:
                 ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
                 ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
+                ("replay_explore", replay_explore, replay_explore in (None, *SCRIPTED_PLAYERS),
+                 "null or a scripted player: " + ", ".join(map(repr, SCRIPTED_PLAYERS))),
                 ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
                 ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
@@ -357,7 +371,7 @@ class TicTacToe:
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.opening = invalid_penalty, opening
         self.show_cells, self.show_wins = show_cells, show_wins
-        self.opening_player, self.replay_from = opening_player, replay_from
+        self.opening_player, self.replay_from, self.replay_explore = opening_player, replay_from, replay_explore
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
         self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
         self.missed_win_penalty = missed_win_penalty
@@ -402,7 +416,8 @@ class TicTacToe:
                  "replies": example.get("replies", {}),
                  "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
                  "turns": 0, "well_formed": 0, "true_checks": 0, "missed_wins": 0, "optimal_moves": 0, "invalid_moves": 0,
-                 "winner": None, "cut_off": False, "done": False, "max_turns": example.get("max_turns", self.max_turns)}
+                 "winner": None, "cut_off": False, "done": False, "max_turns": example.get("max_turns", self.max_turns),
+                 "explore": example.get("explore")}
         first = None if state["model_first"] else self._opponent(state)
         moves = [] if first is None else [f"O {first}"]
         if "position" in example:
@@ -492,23 +507,15 @@ class TicTacToe:
         Random moves are seeded by (example seed, board), like the opponent's, so a baseline is reproducible;
         minimax's other moves depend on the board only: of `safe_moves`, the best `chance_vs_random`, then the
         first in PREFERENCE."""
-        if name not in ("random", "minimax", *RULES_PLAYERS):
-            raise ValueError(f"unknown scripted player {name!r}: use 'random', 'minimax', {', '.join(map(repr, RULES_PLAYERS))}")
+        if name not in SCRIPTED_PLAYERS:
+            raise ValueError(f"unknown scripted player {name!r}: use {', '.join(map(repr, SCRIPTED_PLAYERS))}")
         p = random_move_prob if name == "minimax" else 1.0
 
         def reply(state):
             board = state["board"]
             rng = stable_rng(state["seed"], board, "player")
-            if rng.random() < p:
-                cell = rng.choice(free_cells(board))
-            else:
-                cell = player_move(board)
-            if name in RULES_PLAYERS:
-                check = f"{wins_check(board, 'X')} " if name != "rules" else ""
-                then = f" {then_check(board, cell)}" if name == "rules_then" else ""
-                return (f"<think>{check}Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.{then}</think>"
-                        f"<move>{cell}</move>")
-            return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
+            cell = rng.choice(free_cells(board)) if rng.random() < p else player_move(board)
+            return scripted_reply(name, board, cell)
         return reply
 
     def describe(self, state):
@@ -526,9 +533,20 @@ class TicTacToe:
         summary, mistakes = certify(self, policy, progress=False)
         mistakes.sort(key=lambda m: m.get("value_after", -1))
         position = lambda m: {"position": m["board"]} if self.replay_from == "mistake" else {}
-        replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0, **position(m)}
+        explore = lambda m: {"explore": m["board"]} if self.replay_explore else {}
+        replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0, **position(m), **explore(m)}
                    for m in mistakes]
         return summary, (summary["lines_lost"], summary["mistakes"]), replays
+
+    def forced_reply(self, state, rollout):
+        """sample.rollout's exploration hook (replay_explore): at a replayed mistake's position (the example's
+        "explore" board), the group's odd rollouts play a free cell in the policy's place, the cells in turn from
+        one that the example's seed picks, in the words of the scripted player replay_explore names; rl.py trains
+        such a reply as if sampled, with its advantage and no importance weight. Elsewhere None: the policy plays."""
+        if state["explore"] != state["board"] or rollout % 2 == 0:
+            return None
+        cells = free_cells(state["board"])
+        return scripted_reply(self.replay_explore, state["board"], cells[(state["seed"] + rollout // 2) % len(cells)])
 
     # --- internals
     def _show(self, state):
@@ -568,7 +586,7 @@ class TicTacToe:
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                      loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                     missed_win_penalty=0.0, show_wins=False, opponent=None):
+                     missed_win_penalty=0.0, show_wins=False, replay_explore=None, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -603,9 +621,13 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
     is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each
     side could complete a line now ("Wins now: you 7, opponent none."), read off the board by the environment, so
-    that a small model need not find its lines itself (the rules_wins teacher's check then copies it); opponent: a
+    that a small model need not find its lines itself (the rules_wins teacher's check then copies it);
+    replay_explore: a scripted player's name (the SFT teacher's, whose words the model writes): at the position of
+    each mistake that rl.py --exploit replays, every other rollout of the group plays a free cell in the policy's
+    place, in that player's words (`forced_reply`), so the group compares the mistake with moves the policy is too
+    sure of to sample; null: off; opponent: a
     function state -> cell that replaces the seeded opponent (not from --env_args: sample.py --play and tests pass
     one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
-                     missed_win_penalty, show_wins, opponent)
+                     missed_win_penalty, show_wins, replay_explore, opponent)

@@ -32,7 +32,9 @@ a mistake; up to half of each step's examples then replay them (tic-tac-toe: fro
 opponent's moves scripted along the line, or with replay_from "mistake" from the position of the mistake; the
 opponent optimal after it), so the groups compare a repeat of the mistake with the other moves sampled there.
 A fix can break another line, so the weights of the best certificate (also checked after the last step) are
-kept in DIR_best: a model proved over every line, like eval.py --certify.
+kept in DIR_best: a model proved over every line, like eval.py --certify. A mistake the policy is sure of is
+repeated by its whole group, which then holds no better move to learn from; tic-tac-toe's replay_explore has every
+other rollout play another move there (the environment's forced_reply hook).
 
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
 cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
@@ -47,6 +49,9 @@ Simplifications, on purpose:
   - generation on the training weights by sample.py's own decoding loop over the HF model (no vLLM, no async, no
     paged attention): each rollout batch keeps one KV cache with a row per episode for the whole game; a group's
     rollouts share their prompt's encoding, then each goes on in its own row;
+  - a reply the environment forces (its forced_reply hook: exploration) is trained like a sampled one, with its
+    advantage and no importance weight, so there the update is not the policy's gradient: it pulls the policy
+    toward a forced move that did better than its group, and away from one that did worse;
   - episodes whose advantage is 0 (e.g. groups whose rewards are all equal) are skipped in the backward
     pass (they carry no gradient) but still count in the token normalisation.
 Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.png (if matplotlib is

@@ -9,11 +9,11 @@ Batched multi-turn rollouts with exact token trajectories: the engine eval.py, s
 A policy maps a batch of unfinished episodes to one reply each. Three kinds share that interface:
   HFPolicy       a Hugging Face causal LM on a decoding loop of its own (the engine, below). It keeps each
                  episode's exact token trajectory: `ids` (prompt, every sampled reply with its end-of-turn token,
-                 every environment message), `mask` (1 exactly on sampled tokens) and `logprobs` (of the sampled
-                 tokens under the sampling temperature, 0 elsewhere). Later environment messages are appended as
-                 the tokens the chat template puts between an assistant turn and the next generation prompt; the
-                 conversation is never re-rendered, so templates that rewrite past turns (Qwen3 drops earlier
-                 <think> blocks) cannot make ids drift.
+                 every environment message), `mask` (1 exactly on the model's tokens: sampled, or a reply the
+                 environment forced, see `rollout`) and `logprobs` (of those tokens under the sampling temperature,
+                 0 elsewhere). Later environment messages are appended as the tokens the chat template puts between
+                 an assistant turn and the next generation prompt; the conversation is never re-rendered, so
+                 templates that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift.
   APIPolicy      an OpenAI-compatible endpoint, concurrent requests, retries with backoff.
   ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax).
 
@@ -109,14 +109,17 @@ class ChatTokens:
         assert ids[0] == self.eot_id, "chat template: end-of-turn token is not where expected"
         return ids[1:]
 
+    def reply_ids(self, text):
+        """An assistant reply's tokens as SFT trains on them: the tokenizer's encoding of its text, + end-of-turn."""
+        return self.tokenizer(text, add_special_tokens=False).input_ids + [self.eot_id]
+
     def encode_conversation(self, messages):
         """(ids, mask) of a finished conversation laid out exactly as a rollout lays it out: the first prompt,
         then each assistant reply + end-of-turn (mask 1), then each later user message's turn tokens (mask 0)."""
         ids = self.prompt_ids(messages[:2])
         mask = [0] * len(ids)
         for m in messages[2:]:
-            new = (self.tokenizer(m["content"], add_special_tokens=False).input_ids + [self.eot_id]
-                   if m["role"] == "assistant" else self.turn_ids(m))
+            new = self.reply_ids(m["content"]) if m["role"] == "assistant" else self.turn_ids(m)
             ids += new
             mask += [int(m["role"] == "assistant")] * len(new)
         return ids, mask
@@ -428,7 +431,8 @@ class HFPolicy:
             logits, step = self._continue(episodes, cache) if cache else self._reencode(episodes)
             if self.cuda_graphs and cache:
                 step = self._graphed(step, cache)
-            tokens, logprobs, n_sampled = self._sample_replies(logits, step, self._uniforms(episodes, device))
+            tokens, logprobs, n_sampled = self._sample_replies(logits, step, self._uniforms(episodes, device),
+                                                               self._forced(episodes, device))
         tokens, logprobs, n_sampled = tokens.cpu(), logprobs.cpu(), n_sampled.tolist()
         if self.temp and not torch.isfinite(logprobs).all():  # checked once a turn: a check per token would stall the GPU
             raise NonFiniteLogits("the model's logits are not finite (NaN or inf weights), so its samples mean nothing")
@@ -576,11 +580,21 @@ class HFPolicy:
                 for ep in episodes]
         return torch.tensor(np.stack(rows), dtype=torch.float32, device=device)
 
-    def _sample_replies(self, logits, step, uniforms):
+    def _forced(self, episodes, device):
+        """(B, max_new_tokens) token ids of the replies the environment forces (sample.rollout: ep["force"], a text),
+        -1 where the row samples: a forced reply is the tokenizer's encoding of its text and end-of-turn."""
+        forced = torch.full((len(episodes), self.max_new_tokens), -1, dtype=torch.long)
+        for b, ep in enumerate(episodes):
+            if ep.get("force") is not None:
+                ids = self.chat.reply_ids(ep["force"])[:self.max_new_tokens]
+                forced[b, :len(ids)] = torch.tensor(ids)
+        return forced.to(device)
+
+    def _sample_replies(self, logits, step, uniforms, forced):
         """Sample up to max_new_tokens per row from the first logits (B, V), feeding each token back through step();
-        token t of row b is drawn with uniforms[b, t]. Returns tokens (B, L), their logprobs under
-        softmax(logits / temp) (temperature 1 when greedy), and the number of tokens of each reply (B,), its stop
-        token included."""
+        token t of row b is drawn with uniforms[b, t], or is forced[b, t] where that is not -1. Returns tokens
+        (B, L), their logprobs under softmax(logits / temp) (temperature 1 when greedy), and the number of tokens of
+        each reply (B,), its stop token included."""
         B, device = logits.shape[0], logits.device
         stop_ids = torch.tensor(self.chat.stop_ids, device=device)
         tokens = torch.zeros((B, self.max_new_tokens), dtype=torch.long, device=device)
@@ -589,7 +603,7 @@ class HFPolicy:
         done = torch.zeros(B, dtype=torch.bool, device=device)
         check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
         for t in range(self.max_new_tokens):
-            token, logprob = self._sample(logits, uniforms[:, t], suppress_stop=t < self.min_new_tokens, stop_ids=stop_ids)
+            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids, forced[:, t])
             tokens[:, t], logprobs[:, t] = token, logprob
             stopped = torch.isin(token, stop_ids) & ~done
             n_sampled = torch.where(stopped, t + 1, n_sampled)
@@ -599,10 +613,11 @@ class HFPolicy:
             logits = step(token)
         return tokens[:, :t + 1], logprobs[:, :t + 1], n_sampled.long()
 
-    def _sample(self, logits, uniform, suppress_stop, stop_ids):
+    def _sample(self, logits, uniform, suppress_stop, stop_ids, forced):
         """(token (B,), its logprob (B,)) from logits (B, V) and one uniform number per row (B,): inverse-CDF
-        sampling, the first token whose cumulative probability exceeds the row's number. The logprob is the model's
-        at the sampling temperature, before any top-p or end-of-turn suppression."""
+        sampling, the first token whose cumulative probability exceeds the row's number, or the row's forced token
+        (B,) where that is not -1. The logprob is the model's at the sampling temperature, before any top-p or
+        end-of-turn suppression."""
         logp = torch.log_softmax(logits.float() / (self.temp or 1.0), dim=-1)  # (B, V)
         choose = logp
         if suppress_stop:
@@ -621,6 +636,7 @@ class HFPolicy:
             # a number that rounds up to the total would fall past the end: take the last token with probability instead
             token = torch.where(token >= cdf.shape[1], torch.searchsorted(cdf, total), token).squeeze(1)
             token = token.clamp(max=cdf.shape[1] - 1)  # NaN probabilities (non-finite weights) sort past the end too
+        token = torch.where(forced >= 0, forced, token)
         return token, logp.gather(1, token[:, None]).squeeze(1)
 
 
@@ -650,7 +666,8 @@ class APIPolicy:
 
     def __call__(self, episodes):
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda ep: self._one(ep["messages"], self._request_seed(ep)), episodes))
+            return list(pool.map(lambda ep: self._one(ep["messages"], self._request_seed(ep)) if ep.get("force") is None
+                                 else ep["force"], episodes))
 
     def _request_seed(self, ep):
         """A function of the run's seed, the episode and its turn: a rerun sends the same requests, whatever the order
@@ -733,7 +750,7 @@ class ScriptedPolicy:
         self.gen_tokens = 0
 
     def __call__(self, episodes):
-        return [self.player(ep["state"]) for ep in episodes]
+        return [self.player(ep["state"]) if ep.get("force") is None else ep["force"] for ep in episodes]
 
 
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
@@ -783,7 +800,9 @@ def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progres
 
     Each turn, ALL unfinished episodes go to the policy at once; finished ones leave the batch and are handed
     to on_done(record) immediately (eval.py writes them to disk as they finish). `skip` holds (index, rollout)
-    pairs already done."""
+    pairs already done. An environment with a forced_reply(state, rollout) hook may play a turn's reply in the
+    policy's place (a text, or None to let the policy sample): exploration, as tic-tac-toe's replay_explore tries
+    other moves at a replayed mistake; HFPolicy records it as the model's tokens with the model's logprobs."""
     active = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples) for r in range(group)
               if (start_index + i, r) not in skip]
     done = []
@@ -791,6 +810,9 @@ def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progres
     for _ in range(env.max_turns):
         if not active:
             break
+        if hasattr(env, "forced_reply"):  # an environment's exploration: replies it plays in the policy's place
+            for ep in active:
+                ep["force"] = env.forced_reply(ep["state"], ep["rollout"])
         replies = policy(active)
         still = []
         for ep, reply in zip(active, replies):

@@ -50,6 +50,7 @@ case "$SHOW_WINS" in true) VIEW="$VIEW, \"show_wins\": true" ;; false) ;; *) ech
 EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
 MAIN_REWARDS=""  # the main RL stage's, if not RL_REWARDS
+MAIN_EXPLORE=""  # the main RL stage's exploration at the exploiter's replays (replay_explore)
 SFT_OPENING=""  # SFT's opening rounds, if not OPENING
 SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
 PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins, rules_then)
@@ -98,6 +99,11 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # the solver's reward weighs 3x in the second stage, so that one move that lets a drawn position go costs more
     # than the games' results pay for it (seed 0: 5 lost lines, against 13 at 1x)
     MAIN_REWARDS="$CHECK_REWARD, \"optimal_reward\": 3.0"
+    # an exploiter in the second stage, every other rollout of a replayed mistake playing another free cell there,
+    # in the teacher's words: the last lost lines were moves the policy was too sure of for a group to sample
+    # another (seed 0 on from step 240: 2 lost lines to 0 in 15 steps)
+    EXPLOIT_DEFAULT=5
+    MAIN_EXPLORE=", \"replay_explore\": \"$TEACHER\""
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -127,7 +133,7 @@ ENV="{$VIEW}"  # the evaluation's environment: every game from the empty board
 SFT_ENV="{$VIEW, \"opening\": ${SFT_OPENING:-$OPENING}${SFT_OPENING_PLAYER:+, \"opening_player\": \"$SFT_OPENING_PLAYER\"}}"
 # RL's environment: a heavier invalid-move penalty than the default 0.1 keeps the moves legal while RL
 # explores (an invalid move only costs a turn, so the game result alone barely punishes it)
-RL_ENV="{$VIEW, \"opening\": $OPENING, \"invalid_penalty\": 0.5${MAIN_REWARDS:-$RL_REWARDS}}"
+RL_ENV="{$VIEW, \"opening\": $OPENING, \"invalid_penalty\": 0.5${MAIN_REWARDS:-$RL_REWARDS}$MAIN_EXPLORE}"
 PUZZLE_ENV="{$VIEW, \"invalid_penalty\": 0.5$RL_REWARDS, \"puzzles\": 1.0, \"puzzle_kind\": [$PUZZLE_KINDS]}"
 if [ "$PUZZLE_STEPS" -gt 0 ]; then RL_ENV="${RL_ENV%\}}, \"puzzles\": 0.5, \"puzzle_kind\": [$MAIN_PUZZLE_KINDS]}"; fi
 if [ "${QUICK:-0}" = "1" ]; then

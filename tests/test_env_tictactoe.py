@@ -750,6 +750,36 @@ def test_exploit_replays_from_the_mistake_start_at_its_position(first):
         ttt.load_environment(replay_from="middle")
 
 
+def test_replay_explore_forces_other_moves_at_the_mistake():
+    """replay_explore: the exploit hook's replays carry the mistake's board; there, the odd rollouts of a group
+    get a forced reply (in the named player's words, a true check, each free cell in turn from one the seed picks),
+    the even ones and every other board none; without replay_explore the replays are as before."""
+    env = ttt.load_environment(show_cells=True, show_wins=True, replay_explore="rules_wins")
+    player = env.scripted_player("random")
+    policy = lambda episodes: [player(ep["state"]) for ep in episodes]
+    _, _, replays = env.exploit(policy)
+    _, _, plain = ttt.load_environment(show_cells=True, show_wins=True).exploit(policy)
+    assert len(replays) == len(plain) > 50
+    assert all(r == {**p, "explore": r["explore"]} for r, p in zip(replays, plain)) and not any("explore" in p for p in plain)
+    replay = next(r for r in replays if r["explore"].count(".") == 6)  # X's second move
+    state, _ = env.reset({"seed": 11, **replay})
+    while state["board"] != replay["explore"]:  # play the line up to the mistake: X's first move on it
+        assert env.forced_reply(state, 1) is None
+        x = next(c for c in ttt.free_cells(state["board"]) if ttt.cells_of(replay["explore"], "X") == [c])
+        env.step(state, f"<move>{x}</move>")
+    free = ttt.free_cells(state["board"])
+    assert all(env.forced_reply(state, r) is None for r in (0, 2, 4, 6))
+    forced = [env.forced_reply(state, r) for r in range(1, 2 * len(free), 2)]
+    cells = [ttt.parse_move(f, state["board"])[0] for f in forced]
+    assert sorted(cells) == free and cells[0] == free[11 % len(free)]
+    assert all(ttt.is_well_formed(f) and ttt.states_the_wins(f, state["board"]) for f in forced)
+    assert forced[0] == ttt.scripted_reply("rules_wins", state["board"], cells[0])
+    env.step(state, forced[0])
+    assert env.forced_reply(state, 1) is None
+    with pytest.raises(ValueError, match="replay_explore"):
+        ttt.load_environment(replay_explore="teacher")
+
+
 # ----------------------------------------------------------------------------- 7. bad input fuzz
 
 PIECES = ["<move>", "</move>", "<think>", "</think>", "<move>", "</move>", "<Move>", "< move>", "<move", "move>",

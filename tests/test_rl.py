@@ -215,6 +215,35 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     assert train_lines(b) == train_lines(a)
 
 
+def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_path, monkeypatch):
+    """--exploit with tic-tac-toe's replay_explore: in each step's replayed example (the random tiny model errs on
+    every line), the odd rollouts play a scripted move at the mistake, recorded as the model's tokens (mask 1) and
+    given an advantage like any sampled reply; the other example's rollouts all sample."""
+    import env_tictactoe as ttt
+    import rl
+    real, seen = rl.sample_rollouts, []
+
+    def spy(*args, **kwargs):
+        records = real(*args, **kwargs)
+        seen.append(records)
+        return records
+    monkeypatch.setattr(rl, "sample_rollouts", spy)
+    run_main("rl", ["--model", tiny_model_dir, "--batch", "8", "--group", "4", "--steps", "2", "--max_new_tokens", "60",
+                    "--eval_every", "0", "--eval_n", "2", "--out", str(tmp_path / "rl"), "--device", "cpu", "--exploit", "1",
+                    "--env_args", '{"max_turns": 2, "replay_explore": "rules"}'])
+    assert len(seen) == 2
+    for records in seen:
+        replayed, other = records[:4], records[4:]
+        board = replayed[0]["example"]["explore"]
+        assert board.count("X") == 0  # the mistake of the line replayed is the model's first move: its first reply
+        for r in replayed:
+            reply = r["messages"][2]["content"]
+            forced = ttt.scripted_reply("rules", board, ttt.parse_move(reply, board)[0]) if r["rollout"] % 2 else None
+            assert (reply == forced) == bool(r["rollout"] % 2)
+            assert sum(r["mask"]) > 0
+        assert not any("explore" in r["example"] for r in other)
+
+
 def test_resume_after_a_crash_past_a_certificate_logs_it_once(tiny_model_dir, tmp_path, monkeypatch):
     """A save step's certificate is logged after its checkpoint: a crash after it and --resume redo that
     certificate, and the log holds each row once, in the order of an uninterrupted run."""

@@ -171,6 +171,36 @@ def test_sampled_logprobs_match_replay_at_temperature(sharp_model, short_env):
     assert n > 20
 
 
+@pytest.mark.parametrize("reuse_cache", [True, False])
+def test_a_forced_reply_is_recorded_as_the_models_tokens(sharp_model, reuse_cache):
+    """An environment's forced_reply hook: the forced rollouts' reply is exactly ChatTokens.reply_ids of the text,
+    mask 1, with the model's logprobs of those tokens at the temperature; every other rollout samples the tokens
+    it samples without the hook (the same draws), and the game goes on from the forced move."""
+    import env_tictactoe as ttt
+    model, tok = sharp_model
+    temp, text = 1.3, "<think>Free cells: 0 1 2 3 4 5 6 7 8. I take cell 4.</think><move>4</move>"
+
+    class Forcing(ttt.TicTacToe):
+        def forced_reply(self, state, rollout):
+            return text if rollout == 1 and state["turns"] == 0 else None
+    plain, forcing = ttt.TicTacToe(max_turns=3), Forcing(max_turns=3)
+    examples = [{"seed": 3, "random_move_prob": 1.0, "model_first": True}]
+    policy = lambda: HFPolicy(model, tok, plain.system_prompt, temp=temp, max_new_tokens=64, reuse_cache=reuse_cache)
+    want = rollout(plain, examples, policy(), group=3, progress=False)
+    got = rollout(forcing, examples, policy(), group=3, progress=False)
+    assert [r["ids"] for r in got[::2]] == [r["ids"] for r in want[::2]]
+    forced = got[1]
+    check_layout(forced, policy().chat, tok, 64)
+    first = mask_runs(forced["mask"])[0]
+    assert forced["ids"][first[0]:first[1]] == policy().chat.reply_ids(text)
+    assert forced["messages"][2]["content"] == text and "You took cell 4." in forced["messages"][3]["content"]
+    logp = torch.log_softmax(replay_logits(model, forced["ids"]) / temp, -1)
+    pos = [t for t, m in enumerate(forced["mask"]) if m]
+    ref = logp[torch.tensor(pos) - 1, torch.tensor([forced["ids"][t] for t in pos])]
+    torch.testing.assert_close(torch.tensor([forced["logprobs"][t] for t in pos]), ref, atol=1e-4, rtol=0)
+    assert min(forced["logprobs"][t] for t in range(*first)) < -1  # tokens the model would seldom sample
+
+
 # ----------------------------------------------------------------------------- chat templates that rewrite past turns
 
 
