@@ -403,7 +403,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
     trainer_state = start_or_resume(args, opt, resume, rank)
     step, bad_steps = trainer_state["step"], 0
-    replays, best = trainer_state.get("exploit_lines"), trainer_state.get("exploit_best")  # --exploit's state
+    # --exploit's state: the lines to replay, the step whose certificate found them, the best certificate so far
+    replays, replays_step, best = (trainer_state.get(k) for k in ("exploit_lines", "exploit_step", "exploit_best"))
     del trainer_state  # its optimizer state is in opt now: do not hold a second copy for the whole run
 
     def run_eval(step):
@@ -418,7 +419,7 @@ def main():
         if rank:
             return
         save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(),
-                                                   "exploit_lines": replays, "exploit_best": best},
+                                                   "exploit_lines": replays, "exploit_step": replays_step, "exploit_best": best},
                         {"rl_args.json": vars(args)})
         plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
 
@@ -453,8 +454,8 @@ def main():
     # ---- loop
     while step < args.steps:
         model.eval()
-        if args.exploit and (step % args.exploit == 0 or replays is None):
-            replays = exploit(step)
+        if args.exploit and (replays is None or (step % args.exploit == 0 and replays_step != step)):
+            replays, replays_step = exploit(step), step
         t0 = time.time()
         # 1. rollouts: `group` episodes of each of the step's examples (under torchrun: of this rank's share of them)
         examples = step_examples(env, n_examples, args.seed, step, replays)[first:end]
@@ -501,7 +502,9 @@ def main():
     # ---- final evaluation and save
     if args.exploit:
         model.eval()
-        exploit(step)
+        found = exploit(step)
+        if step % args.exploit == 0:  # the next step's replays too: a --resume with more --steps goes on with them
+            replays, replays_step = found, step
     if rank == 0:
         run_eval(step)
     save(step)

@@ -215,6 +215,19 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     assert train_lines(b) == train_lines(a)
 
 
+def test_a_finished_exploit_run_extended_logs_its_last_certificate_once(tiny_model_dir, tmp_path):
+    """A run whose last step is a certificate step, resumed with more --steps, replays that certificate's lines
+    without running it again: its log and training equal an uninterrupted run's."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3}', "--exploit", "2"]
+    run_rl(tiny_model_dir, a, 3, extra, env_dir=str(tmp_path))
+    run_rl(tiny_model_dir, b, 2, extra, env_dir=str(tmp_path))
+    run_rl(tiny_model_dir, b, 3, extra + ["--resume"], env_dir=str(tmp_path))
+    certified = lambda out: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "certify_lines" in line]
+    assert certified(a) == certified(b) == [0, 2, 3]
+    assert train_lines(b) == train_lines(a)
+
+
 def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_path, monkeypatch):
     """--exploit with tic-tac-toe's replay_explore: in each step's replayed example (the random tiny model errs on
     every line), the odd rollouts play a scripted move at the mistake, recorded as the model's tokens (mask 1) and
