@@ -12,7 +12,8 @@
 #                            # move (`Then: me 2 6.`), which the next turn's check copies; win puzzles in the block stage
 #   TEACHER=rules_wins SHOW_WINS=true ...   # rules_wins's recipe, the environment stating where each side could complete
 #                            # a line now, start puzzles, the solver's reward 3x in the second stage (seeds 0, 1, 2:
-#                            # 5, 13 and 107 lost lines)
+#                            # 5, 13 and 107 lost lines); EXPLOIT=5 adds the exploiter with exploration at its replays
+#                            # to the second stage (seed 0: 0 lost lines)
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -99,10 +100,9 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # the solver's reward weighs 3x in the second stage, so that one move that lets a drawn position go costs more
     # than the games' results pay for it (seed 0: 5 lost lines, against 13 at 1x)
     MAIN_REWARDS="$CHECK_REWARD, \"optimal_reward\": 3.0"
-    # an exploiter in the second stage, every other rollout of a replayed mistake playing another free cell there,
-    # in the teacher's words: the last lost lines were moves the policy was too sure of for a group to sample
-    # another (seed 0 on from step 240: 2 lost lines to 0 in 15 steps)
-    EXPLOIT_DEFAULT=5
+    # with EXPLOIT=5, an exploiter in the second stage, every other rollout of a replayed mistake playing another
+    # free cell there, in the teacher's words: the last lost lines were moves the policy was too sure of for a
+    # group to sample another (seed 0: 0 lost lines at step 40; seeds 1 and 2 no better than without it)
     MAIN_EXPLORE=", \"replay_explore\": \"$TEACHER\""
   fi
   RL_STEPS=${RL_STEPS:-300}
@@ -126,6 +126,7 @@ else
   exit 2
 fi
 EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}
+if [ "$EXPLOIT" = "0" ]; then MAIN_EXPLORE=""; fi
 PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
 ENV="{$VIEW}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the

@@ -107,8 +107,8 @@ def force_replies(monkeypatch, policy, reply_fn):
         state["t"] = 0
         return turn(episodes, cache)
 
-    def forced_sample(logits, uniform, suppress_stop, stop_ids):
-        _, _ = sample(logits, uniform, suppress_stop, stop_ids)
+    def forced_sample(logits, uniform, suppress_stop, stop_ids, forced):
+        _, _ = sample(logits, uniform, suppress_stop, stop_ids, forced)
         logp = torch.log_softmax(logits.float() / (policy.temp or 1.0), dim=-1)
         t = state["t"]
         token = torch.tensor([tg[min(t, len(tg) - 1)] for tg in state["targets"]], device=logits.device)
@@ -678,7 +678,7 @@ def test_inverse_cdf_sampling_draws_the_distribution(top_p):
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 3.0, float("-inf")]]).repeat(40_000, 1)  # (B, V)
     probs = torch.softmax(logits[0] / 2.0, -1)
     token, logp = policy._sample(logits, torch.rand(40_000, generator=torch.Generator().manual_seed(0)),
-                                 suppress_stop=True, stop_ids=torch.tensor([1]))
+                                 suppress_stop=True, stop_ids=torch.tensor([1]), forced=torch.full((40_000,), -1))
     want = probs.clone()
     want[1] = 0  # suppressed
     want /= want.sum()
