@@ -3,7 +3,7 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, N_EVAL, RL_FLAGS
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, POLISH_STEPS, N_EVAL, RL_FLAGS
 #   RESUME=1 ...                  # after a crash or a stop: the same settings again, each stage going on from its last checkpoint in OUT
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
@@ -13,7 +13,8 @@
 #   TEACHER=rules_wins SHOW_WINS=true ...   # rules_wins's recipe, the environment stating where each side could complete
 #                            # a line now, start puzzles, the solver's reward 3x in the second stage (seeds 0, 1, 2:
 #                            # 5, 13 and 107 lost lines); EXPLOIT=5 adds the exploiter with exploration at its replays
-#                            # to the second stage (seed 0: 0 lost lines)
+#                            # to the second stage (seed 0: 0 lost lines); POLISH_STEPS=75 runs them as a third stage
+#                            # instead (seeds 0 and 1 from their step-120 models: 0 lost lines at step 70)
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -126,6 +127,9 @@ else
   exit 2
 fi
 EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}
+# POLISH_STEPS > 0: a third RL stage from OUT/rl, the exploiter every 5 steps with exploration at its replays: at the
+# position of a replayed mistake every other rollout plays another free cell in the teacher's words (replay_explore)
+POLISH_STEPS=${POLISH_STEPS:-0}
 if [ "$EXPLOIT" = "0" ]; then MAIN_EXPLORE=""; fi
 PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
 ENV="{$VIEW}"  # the evaluation's environment: every game from the empty board
@@ -178,13 +182,23 @@ stamp "3. RL from $RL_FROM"
 # an earlier run's best weights must not stand in for this run's RL model (a resumed run's are its own)
 if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_best"; fi
 python rl.py --model "$RL_FROM" $RL_MAIN --env_args "$RL_ENV" --out "$OUT/rl" $RESUME_FLAG | $TEE "$OUT/rl.log"
+RL_FINAL="rl"  # the RL stage whose best certificate's weights are the RL model
+POLISH_RL=""
+if [ "$POLISH_STEPS" -gt 0 ]; then
+  POLISH_RL="$RL_MAIN --steps $POLISH_STEPS --exploit 5"  # the last of a flag wins
+  POLISH_ENV="${RL_ENV%\}}, \"replay_explore\": \"$TEACHER\"}"
+  stamp "3b. RL from $OUT/rl: the exploiter, exploring at its replays"
+  if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_polish_best"; fi
+  python rl.py --model "$OUT/rl" $POLISH_RL --env_args "$POLISH_ENV" --out "$OUT/rl_polish" $RESUME_FLAG | $TEE "$OUT/rl_polish.log"
+  RL_FINAL="rl_polish"
+fi
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 for who in teacher sft rl; do
   if [ $who = teacher ]; then M="$TEACHER_EVAL"; else M="$OUT/$who"; fi
-  # the RL model: the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)
-  if [ $who = rl ] && [ -d "$OUT/rl_best" ]; then M="$OUT/rl_best"; fi
+  # the RL model: the last RL stage's, the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)
+  if [ $who = rl ]; then M="$OUT/$RL_FINAL"; if [ -d "$M"_best ]; then M="$M"_best; fi; fi
   # one process per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify
   python eval.py --model $M --opponent optimal random --certify -n "$N_EVAL" --temp 0 --max_new_tokens $MAX_NEW --env_args "$ENV" --show 1 --out "$OUT/eval/$who" \
     | grep -v "^certify: "
@@ -194,5 +208,5 @@ T_ALL=$SECONDS
 stamp "5. report"
 python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL_MAIN --env_args '$RL_ENV'" --env_args "$ENV" \
-  ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"}
+  ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"} ${POLISH_RL:+--polish_args "$POLISH_RL --env_args '$POLISH_ENV'"}
 stamp "done: $OUT/report.md"

@@ -21,9 +21,10 @@ def speedruns(tmp_path_factory):
     started = {}
     for teacher in TEACHERS:
         out = str(tmp_path_factory.mktemp(teacher) / "run")
-        # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules_wins run passes one)
+        # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules_wins run passes one, and a third stage)
         rl_flags = "--loss_agg sequence" if teacher == "rules_wins" else ""
-        env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags}
+        env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags,
+               "POLISH_STEPS": "2" if teacher == "rules_wins" else "0"}
         # a session of its own, so that a run past its time is stopped with its python children, which hold the pipe
         started[teacher] = out, rl_flags, subprocess.Popen(["bash", "speedrun.sh"], cwd=ROOT, stdout=subprocess.PIPE,
                                                            stderr=subprocess.STDOUT, text=True, env=env,
@@ -52,7 +53,7 @@ def test_quick_speedrun(speedruns, teacher):
         assert cert["lines"] == cert["lines_won"] + cert["lines_drawn"] + cert["lines_lost"] > 0
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
-    assert ("| RL model |" if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
+    assert ("| RL model (third stage step " if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
     keep = "not_lost" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
     assert "--certify -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
     assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
@@ -76,8 +77,15 @@ def test_quick_speedrun(speedruns, teacher):
     assert os.path.exists(os.path.join(out, "rl", "model.safetensors"))
     loss_agg = json.load(open(os.path.join(out, "rl", "rl_args.json")))["loss_agg"]
     assert loss_agg == ("sequence" if rl_flags else "token") and (rl_flags in report.split("python rl.py")[-1].splitlines()[0])
-    if teacher == "rules_wins":  # measured without the exploiter: the RL model is the last step's
-        assert results["rl_step"] is None and not os.path.exists(os.path.join(out, "rl_best"))
+    if teacher == "rules_wins":  # the second stage without the exploiter; the third (POLISH_STEPS) with it, exploring
+        assert not os.path.exists(os.path.join(out, "rl_best"))
+        best = json.load(open(os.path.join(out, "rl_polish_best", "certificate.json")))
+        assert results["rl_step"] == best["step"] in (0, 2) and results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
+        assert json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["model"] == os.path.join(out, "rl_polish_best")
+        polish = json.load(open(os.path.join(out, "rl_polish", "rl_args.json")))
+        assert polish["model"] == os.path.join(out, "rl") and polish["exploit"] == 5 and polish["steps"] == 2
+        assert json.loads(polish["env_args"])["replay_explore"] == "rules_wins"
+        assert f"python rl.py --model {out}/rl " in report and f"--out {out}/rl_polish" in report
         return
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
