@@ -582,7 +582,10 @@ class HFPolicy:
 
     def _forced(self, episodes, device):
         """(B, max_new_tokens) token ids of the replies the environment forces (sample.rollout: ep["force"], a text),
-        -1 where the row samples: a forced reply is the tokenizer's encoding of its text and end-of-turn."""
+        -1 where the row samples: a forced reply is the tokenizer's encoding of its text and end-of-turn. None when
+        no row is forced (nearly every turn): the decoding loop then pays nothing for it."""
+        if all(ep.get("force") is None for ep in episodes):
+            return None
         forced = torch.full((len(episodes), self.max_new_tokens), -1, dtype=torch.long)
         for b, ep in enumerate(episodes):
             if ep.get("force") is not None:
@@ -592,9 +595,9 @@ class HFPolicy:
 
     def _sample_replies(self, logits, step, uniforms, forced):
         """Sample up to max_new_tokens per row from the first logits (B, V), feeding each token back through step();
-        token t of row b is drawn with uniforms[b, t], or is forced[b, t] where that is not -1. Returns tokens
-        (B, L), their logprobs under softmax(logits / temp) (temperature 1 when greedy), and the number of tokens of
-        each reply (B,), its stop token included."""
+        token t of row b is drawn with uniforms[b, t], or is forced[b, t] where forced is given and that is not -1.
+        Returns tokens (B, L), their logprobs under softmax(logits / temp) (temperature 1 when greedy), and the
+        number of tokens of each reply (B,), its stop token included."""
         B, device = logits.shape[0], logits.device
         stop_ids = torch.tensor(self.chat.stop_ids, device=device)
         tokens = torch.zeros((B, self.max_new_tokens), dtype=torch.long, device=device)
@@ -603,7 +606,8 @@ class HFPolicy:
         done = torch.zeros(B, dtype=torch.bool, device=device)
         check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
         for t in range(self.max_new_tokens):
-            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids, forced[:, t])
+            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids,
+                                          None if forced is None else forced[:, t])
             tokens[:, t], logprobs[:, t] = token, logprob
             stopped = torch.isin(token, stop_ids) & ~done
             n_sampled = torch.where(stopped, t + 1, n_sampled)
@@ -616,7 +620,7 @@ class HFPolicy:
     def _sample(self, logits, uniform, suppress_stop, stop_ids, forced):
         """(token (B,), its logprob (B,)) from logits (B, V) and one uniform number per row (B,): inverse-CDF
         sampling, the first token whose cumulative probability exceeds the row's number, or the row's forced token
-        (B,) where that is not -1. The logprob is the model's at the sampling temperature, before any top-p or
+        (B,), if given, where that is not -1. The logprob is the model's at the sampling temperature, before any top-p or
         end-of-turn suppression."""
         logp = torch.log_softmax(logits.float() / (self.temp or 1.0), dim=-1)  # (B, V)
         choose = logp
@@ -636,7 +640,8 @@ class HFPolicy:
             # a number that rounds up to the total would fall past the end: take the last token with probability instead
             token = torch.where(token >= cdf.shape[1], torch.searchsorted(cdf, total), token).squeeze(1)
             token = token.clamp(max=cdf.shape[1] - 1)  # NaN probabilities (non-finite weights) sort past the end too
-        token = torch.where(forced >= 0, forced, token)
+        if forced is not None:
+            token = torch.where(forced >= 0, forced, token)
         return token, logp.gather(1, token[:, None]).squeeze(1)
 
 

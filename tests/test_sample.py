@@ -678,7 +678,7 @@ def test_inverse_cdf_sampling_draws_the_distribution(top_p):
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 3.0, float("-inf")]]).repeat(40_000, 1)  # (B, V)
     probs = torch.softmax(logits[0] / 2.0, -1)
     token, logp = policy._sample(logits, torch.rand(40_000, generator=torch.Generator().manual_seed(0)),
-                                 suppress_stop=True, stop_ids=torch.tensor([1]), forced=torch.full((40_000,), -1))
+                                 suppress_stop=True, stop_ids=torch.tensor([1]), forced=None)
     want = probs.clone()
     want[1] = 0  # suppressed
     want /= want.sum()
