@@ -52,7 +52,9 @@ case "$SHOW_WINS" in true) VIEW="$VIEW, \"show_wins\": true" ;; false) ;; *) ech
 EXPLOIT_DEFAULT=5
 RL_REWARDS=""  # more reward components in RL's environment
 MAIN_REWARDS=""  # the main RL stage's, if not RL_REWARDS
-MAIN_EXPLORE=""  # the main RL stage's exploration at the exploiter's replays (replay_explore)
+# exploration at the exploiter's replays: a forced other free cell, in the teacher's words (replay_explore)
+EXPLORE=", \"replay_explore\": \"$TEACHER\""
+MAIN_EXPLORE=""  # the main RL stage's, if it explores
 SFT_OPENING=""  # SFT's opening rounds, if not OPENING
 SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
 PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins, rules_then)
@@ -104,7 +106,7 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # with EXPLOIT=5, an exploiter in the second stage, every other rollout of a replayed mistake playing another
     # free cell there, in the teacher's words: the last lost lines were moves the policy was too sure of for a
     # group to sample another (seed 0: 0 lost lines at step 40; seeds 1 and 2 no better than without it)
-    MAIN_EXPLORE=", \"replay_explore\": \"$TEACHER\""
+    MAIN_EXPLORE="$EXPLORE"
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -186,7 +188,8 @@ RL_FINAL="rl"  # the RL stage whose best certificate's weights are the RL model
 POLISH_RL=""
 if [ "$POLISH_STEPS" -gt 0 ]; then
   POLISH_RL="$RL_MAIN --steps $POLISH_STEPS --exploit 5"  # the last of a flag wins
-  POLISH_ENV="${RL_ENV%\}}, \"replay_explore\": \"$TEACHER\"}"
+  POLISH_ENV="$RL_ENV"
+  if [ -z "$MAIN_EXPLORE" ]; then POLISH_ENV="${RL_ENV%\}}$EXPLORE}"; fi
   stamp "3b. RL from $OUT/rl: the exploiter, exploring at its replays"
   if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_polish_best"; fi
   python rl.py --model "$OUT/rl" $POLISH_RL --env_args "$POLISH_ENV" --out "$OUT/rl_polish" $RESUME_FLAG | $TEE "$OUT/rl_polish.log"
