@@ -4,7 +4,7 @@ of a real shape, built offline from transformers' config classes (no download).
 
     python bench.py --shape tiny                                   # CPU, seconds (CI runs it)
     python bench.py --shape qwen3-0.6b qwen3-1.7b lfm2-2.6b        # one GPU: the table in the README
-    python bench.py --shape qwen3-0.6b --cuda_graphs --profile 15  # decoding as CUDA graphs; the costliest operators
+    python bench.py --shape qwen3-0.6b --eager --profile 15        # decoding without CUDA graphs; the costliest operators
     python bench.py --shape qwen3-0.6b --grad_ckpt off --token_budget 16384   # the update without checkpointing
 
 Random weights write noise, so the benchmark fixes the workload, not the model: every step is --examples x --group
@@ -183,7 +183,7 @@ def bench_shape(shape, args, device):
     grad_ckpt = enable_grad_ckpt(model, rl_args.grad_ckpt, device)
     env = FixedEnv(args.system_tokens, args.env_tokens, args.turns)
     policy = HFPolicy(model, tokenizer, env.system_prompt, rl_args.temp, 1.0, args.reply_tokens, rl_args.gen_batch,
-                      min_new_tokens=args.reply_tokens, cuda_graphs=args.cuda_graphs)
+                      min_new_tokens=args.reply_tokens, cuda_graphs=not args.eager)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99))
     amp = train_autocast(device)
     cuda = device.startswith("cuda")
@@ -293,8 +293,8 @@ def main():
     p.add_argument("--token_budget", type=int, default=32768, help="rl.py --token_budget: padded tokens per micro-batch")
     p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                    help="rl.py --grad_ckpt: gradient checkpointing in the update (auto: on for 300M+ parameters on a GPU)")
-    p.add_argument("--cuda_graphs", action="store_true", help="decode with CUDA graphs (GPU; not yet exact there, see "
-                   "sample.py: for measuring only)")
+    p.add_argument("--eager", action="store_true", help="decode without CUDA graphs (on a GPU rl.py captures the "
+                   "decoding step as a graph once a turn): to measure what the graphs save")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s (default: from the GPU's name)")
     p.add_argument("--peak_tflops", type=float, default=None, help="bf16 dense peak in TFLOP/s (default: from the GPU's name)")
     p.add_argument("--profile", type=int, default=0, help="after the timed steps, one more under torch.profiler: print "

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The rollout engine's GPU measurements in one call (device time is short): the engine's exactness on the GPU with
-# and without CUDA graphs, the standing benchmark on the real shapes, and the engine against model.generate().
-# Logs and bench.jsonl go to $OUT (default out/gpu); each part has its own time limit, the most wanted first.
-#   bash docs/gpu_bench.sh                 # on the device machine: OUT=$OUT bash docs/gpu_bench.sh
+# The GPU measurements in one call of under 10 minutes (device time is short), the most wanted first: the engine's
+# exactness with and without CUDA graphs, the standing benchmark on the real shapes, the engine against
+# model.generate(), one rank under torchrun against plain python (needs a trained tic-tac-toe model in .gpu/sft,
+# carried: copy any sft output there), and the update without recomputation. Each part has its own time limit.
+# Logs, bench.jsonl and the two runs' metrics go to $OUT (default out/gpu).
+#   OUT=$OUT bash docs/gpu_bench.sh          # on the device machine
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 O=${OUT:-out/gpu}; mkdir -p "$O"
 exec > >(tee -a "$O/log.txt") 2>&1
@@ -10,13 +12,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 b() { local t=$1; shift; echo "== bench $*"; timeout "$t" python3 bench.py --out "$O/bench.jsonl" "$@" 2>&1 | grep -v -i warn; return "${PIPESTATUS[0]}"; }
 start=$(date +%s); el() { echo "[elapsed $(( $(date +%s) - start )) s]"; }
-echo "== exact"; timeout 90 python3 docs/gpu_check.py exact 2>&1 | grep -v -i warn; el
-b 150 --shape qwen3-0.6b --grad_ckpt --profile 15; el
-b 150 --shape qwen3-0.6b --grad_ckpt --cuda_graphs; el
-echo "== generate"; timeout 120 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
-b 200 --shape lfm2-2.6b --grad_ckpt --cuda_graphs; el
-b 150 --shape qwen3-1.7b --grad_ckpt --cuda_graphs; el
-b 150 --shape qwen3-0.6b --grad_ckpt off --token_budget 16384 --cuda_graphs; el  # the update without recomputation
+echo "== exact"; timeout 70 python3 docs/gpu_check.py exact 2>&1 | grep -v -i warn; el
+b 110 --shape qwen3-0.6b --grad_ckpt; el
+b 120 --shape lfm2-2.6b --grad_ckpt; el
+b 90 --shape qwen3-1.7b --grad_ckpt; el
+echo "== generate"; timeout 60 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
+if [ -f .gpu/sft/config.json ]; then  # torchrun's one rank against one process: the same RL run, one after the other
+  for launch in python3 "python3 -m torch.distributed.run --standalone --nproc_per_node 1"; do
+    name=$([ "$launch" = python3 ] && echo python || echo torchrun); echo "== rl.py under $name"
+    timeout 40 $launch rl.py --model .gpu/sft --batch 64 --group 8 --steps 6 --eval_every 0 --eval_n 2 --save_every 0 \
+      --max_new_tokens 48 --env_args '{"show_cells": true, "show_wins": true}' --out "/tmp/rl_$name" 2>&1 | grep -E "^step|^done|Error" | cut -c1-200
+    cp "/tmp/rl_$name/metrics.jsonl" "$O/rl_$name.jsonl"; el
+  done
+fi
+b 90 --shape qwen3-0.6b --grad_ckpt --eager --profile 12; el  # eager decoding, for the graphs' gain, and where time goes
 python3 - "$O/bench.jsonl" <<'PY'
 import json, sys, bench
 rows = [json.loads(l) for l in open(sys.argv[1])]

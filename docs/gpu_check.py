@@ -110,7 +110,7 @@ def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64):
     for graphs in (False, True):
         policy = HFPolicy(model, tok, env.system_prompt, temp=1.1, max_new_tokens=new_tokens, batch_size=episodes,
                           min_new_tokens=new_tokens, cuda_graphs=graphs)
-        label = "engine (RowCache), " + ("a CUDA graph per turn (not exact yet)" if policy.cuda_graphs else "eager")
+        label = "engine (RowCache), " + ("a CUDA graph per turn" if policy.cuda_graphs else "eager")
         for run in range(3):  # the first run warms up (kernels, allocator)
             sync()
             t0 = time.time()
