@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU measurements in one call of under 10 minutes (device time is short), the most wanted first: the engine's
-# exactness with and without CUDA graphs, the standing benchmark on the real shapes, the engine against
-# model.generate(), one rank under torchrun against plain python (needs a trained tic-tac-toe model in .gpu/sft,
-# carried: copy any sft output there), and the update without recomputation. Each part has its own time limit.
+# The GPU measurements in one call (device time is short), the most wanted first: the engine's exactness with and
+# without CUDA graphs, one turn through the engine (graphs, eager, the matmul decoding-attention experiment) against
+# model.generate(), the standing benchmark on the real shapes, one rank under torchrun against plain python (needs a
+# trained tic-tac-toe model in .gpu/sft, carried: copy any sft output there), and eager decoding under the profiler.
+# Each part has its own time limit; all of them take about 9.5 minutes (7.5 on 2026-11-26, before the experiment).
 # Logs, bench.jsonl and the two runs' metrics go to $OUT (default out/gpu).
 #   OUT=$OUT bash docs/gpu_bench.sh          # on the device machine
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -13,10 +14,10 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 b() { local t=$1; shift; echo "== bench $*"; timeout "$t" python3 bench.py --out "$O/bench.jsonl" "$@" 2>&1 | grep -v -i warn; return "${PIPESTATUS[0]}"; }
 start=$(date +%s); el() { echo "[elapsed $(( $(date +%s) - start )) s]"; }
 echo "== exact"; timeout 70 python3 docs/gpu_check.py exact 2>&1 | grep -v -i warn; el
+echo "== generate"; timeout 150 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
 b 110 --shape qwen3-0.6b --grad_ckpt; el
 b 120 --shape lfm2-2.6b --grad_ckpt; el
 b 90 --shape qwen3-1.7b --grad_ckpt; el
-echo "== generate"; timeout 60 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
 if [ -f .gpu/sft/config.json ]; then  # torchrun's one rank against one process: the same RL run, one after the other
   for launch in python3 "python3 -m torch.distributed.run --standalone --nproc_per_node 1"; do
     name=$([ "$launch" = python3 ] && echo python || echo torchrun); echo "== rl.py under $name"

@@ -23,7 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import bench  # noqa: E402
+import sample  # noqa: E402
 from sample import HFPolicy, rollout  # noqa: E402
+
+GROUPED_ATTENTION = sample._grouped_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: to check this script itself
 
@@ -103,20 +106,48 @@ def sync():
         torch.cuda.synchronize()
 
 
+def matmul_decoding_attention():
+    """An experiment, not yet in sample.py: the decoding step's attention (one query per row) as two batched matrix
+    products over the row's keys and values, the scores in fp32, instead of SDPA's memory-efficient kernel, which
+    pads a KV head's 2 stacked queries to a tile of 64. Prefill keeps sample.py's attention."""
+    from transformers import AttentionInterface
+    sdpa = AttentionInterface._global_mapping["rollout_rows"]
+
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        B, Hq, W, D = query.shape
+        if W != 1:
+            return sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        Hkv, span = key.shape[1], key.shape[2]
+        q = query.reshape(B * Hkv, Hq // Hkv, D)
+        k_t = key.reshape(B * Hkv, span, D).transpose(1, 2)
+        scores = torch.bmm(q, k_t, out_dtype=torch.float32) if q.is_cuda else torch.bmm(q.float(), k_t.float())
+        scores = scores.view(B, Hkv, -1, span) * (scaling if scaling is not None else D ** -0.5)  # (B, Hkv, G, span)
+        probs = scores.masked_fill(~attention_mask, float("-inf")).softmax(-1).to(value.dtype)
+        out = torch.bmm(probs.view(B * Hkv, -1, span), value.reshape(B * Hkv, span, D))  # (B * Hkv, G, D)
+        return out.view(B, Hq, 1, D).transpose(1, 2).contiguous(), None  # (B, 1, Hq, D)
+
+    AttentionInterface.register("rollout_rows_matmul", attention)
+    return "rollout_rows_matmul"
+
+
 def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64):
     model, tok = bench.build_model(shape, DEV)
     env = bench.FixedEnv(system_tokens=150, env_tokens=40, turns=1)
-    timings = {}
-    for graphs in (False, True):
+    timings, replay = {}, {}
+    for graphs, matmul in ((False, False), (True, False), (True, True)):
         policy = HFPolicy(model, tok, env.system_prompt, temp=1.1, max_new_tokens=new_tokens, batch_size=episodes,
                           min_new_tokens=new_tokens, cuda_graphs=graphs)
         label = "engine (RowCache), " + ("a CUDA graph per turn" if policy.cuda_graphs else "eager")
+        label += ", decoding attention by matmul (experiment)" if matmul else ""
+        sample._grouped_attention = matmul_decoding_attention if matmul else GROUPED_ATTENTION
         for run in range(3):  # the first run warms up (kernels, allocator)
             sync()
             t0 = time.time()
             recs = rollout(env, env.examples(episodes // 8, seed=run), policy, group=8, progress=False)
             sync()
             timings.setdefault(label, []).append(time.time() - t0)
+        replay[label] = max(replay_logprobs(model, rec, 1.1, policy.autocast) for rec in recs[:8])
+    sample._grouped_attention = GROUPED_ATTENTION
     prompt = len(recs[0]["ids"]) - new_tokens - 1
     ids = torch.randint(10, model.config.vocab_size, (episodes, prompt), device=DEV)
     if DEV == "cuda":  # generate() in the weights' bf16 (a static cache takes the model's dtype, not autocast's)
@@ -138,7 +169,8 @@ def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64):
     print(f"\n{shape}: one turn, {episodes} episodes, a {prompt}-token prompt, {new_tokens} sampled tokens each")
     for label, ts in timings.items():
         best = min(ts[1:]) if len(ts) > 1 else ts[0]
-        print(f"| {label} | {best:.2f} s | {episodes * new_tokens / best:,.0f} tok/s | first run {ts[0]:.2f} s |")
+        print(f"| {label} | {best:.2f} s | {episodes * new_tokens / best:,.0f} tok/s | first run {ts[0]:.2f} s |"
+              + (f" max abs(logprob - replay) {replay[label]:.1e} (8 episodes) |" if label in replay else ""))
 
 
 if __name__ == "__main__":
