@@ -249,6 +249,9 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
               if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
     nl = "\n"
+    stages = ["rl", "rl_polish"] if polish_args else ["rl"]
+    curves = [f"{out}/{d}/curves.png" for d in stages if os.path.exists(os.path.join(out, d, "curves.png"))]
+    metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d in stages)
     report = f"""# speedrun report
 
 Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
@@ -272,7 +275,7 @@ own wins stated: at the positions with a win to take, the check's `me` part name
 {f"    python rl.py --model {out}/sft {puzzle_args} --out {out}/rl_puzzles{nl}" if puzzle_args else ""}    python rl.py --model {out}/{"rl_puzzles" if puzzle_args else "sft"} {rl_args} --out {out}/rl
 {f"    python rl.py --model {out}/rl {polish_args} --out {out}/rl_polish{nl}" if polish_args else ""}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
-Training curves: {out}/rl/curves.png{f", {out}/rl_polish/curves.png" if polish_args else ""}
+Training curves: {", ".join(curves) if curves else "none drawn (matplotlib is not installed); the metrics: " + metrics}
 """
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report)

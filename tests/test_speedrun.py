@@ -54,6 +54,9 @@ def test_quick_speedrun(speedruns, teacher):
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
     assert ("| RL model (third stage step " if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
+    curves_line = next(line for line in report.splitlines() if line.startswith("Training curves:"))
+    for stage in ("rl", "rl_polish"):  # named only where drawn (matplotlib is optional)
+        assert (f"{out}/{stage}/curves.png" in curves_line) == os.path.exists(os.path.join(out, stage, "curves.png"))
     keep = "not_lost" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
     assert "--certify -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
     assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
