@@ -218,7 +218,8 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
     res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)} if times else None
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
-    best = os.path.join(out, "rl_polish_best" if polish_args else "rl_best", "certificate.json")
+    stages = ["rl", "rl_polish"] if polish_args else ["rl"]  # the RL stages' directories; the last gives the RL model
+    best = os.path.join(out, stages[-1] + "_best", "certificate.json")
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -249,7 +250,6 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
               if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
     nl = "\n"
-    stages = ["rl", "rl_polish"] if polish_args else ["rl"]
     curves = [f"{out}/{d}/curves.png" for d in stages if os.path.exists(os.path.join(out, d, "curves.png"))]
     metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d in stages)
     report = f"""# speedrun report

@@ -111,7 +111,7 @@ def matmul_decoding_attention():
     products over the row's keys and values, the scores in fp32, instead of SDPA's memory-efficient kernel, which
     pads a KV head's 2 stacked queries to a tile of 64. Prefill keeps sample.py's attention."""
     from transformers import AttentionInterface
-    sdpa = AttentionInterface._global_mapping["rollout_rows"]
+    sdpa = AttentionInterface._global_mapping[GROUPED_ATTENTION()]  # sample.py's, registered here if not yet
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         B, Hq, W, D = query.shape
