@@ -37,7 +37,7 @@ import zlib
 import torch
 
 import rl
-from common import enable_grad_ckpt, on_device, pick_device, train_autocast
+from common import compile_layers, compiled_layers, enable_grad_ckpt, on_device, pick_device, train_autocast
 from sample import HFPolicy
 
 # ----------------------------------------------------------------------------- model shapes
@@ -179,8 +179,9 @@ def bench_shape(shape, args, device):
     model, tokenizer = build_model(shape, device)
     rl_args = rl.parse_args(["--batch", str(args.examples * args.group), "--group", str(args.group), "--temp", str(args.temp),
                              "--max_new_tokens", str(args.reply_tokens), "--token_budget", str(args.token_budget),
-                             "--gen_batch", str(args.gen_batch), "--grad_ckpt", args.grad_ckpt])
+                             "--gen_batch", str(args.gen_batch), "--grad_ckpt", args.grad_ckpt, "--compile", args.compile])
     grad_ckpt = enable_grad_ckpt(model, rl_args.grad_ckpt, device)
+    compiled = compile_layers(model, rl_args.compile, device)
     env = FixedEnv(args.system_tokens, args.env_tokens, args.turns)
     policy = HFPolicy(model, tokenizer, env.system_prompt, rl_args.temp, 1.0, args.reply_tokens, rl_args.gen_batch,
                       min_new_tokens=args.reply_tokens, cuda_graphs=not args.eager)
@@ -217,7 +218,7 @@ def bench_shape(shape, args, device):
            "mfu": flops / median("update_s") / peak_flops if peak_flops else None,
            "peak_gb": max(r["peak_gb"] for r in timed) if cuda else None,
            "cuda_graphs": policy.cuda_graphs and policy.reuse_cache,  # graphs decode on the RowCache only
-           "grad_ckpt": grad_ckpt}
+           "grad_ckpt": grad_ckpt, "compiled": compiled}
     out["other_s"] = out["step_s"] - out["gen_s"] - out["update_s"]
     del model, opt, policy
     if cuda:
@@ -238,7 +239,8 @@ def rl_step(env, policy, model, rl_args, opt, amp, args, sync, n, around=lambda 
     adv = rl.group_advantages([r["reward"] for r in records], args.group)
     model.train()
     with around("update"):
-        rl.update(model, records, adv, rl_args, opt, amp)
+        with compiled_layers(model):
+            rl.update(model, records, adv, rl_args, opt, amp)
     sync()
     return records, t1 - t0, time.time() - t1
 
@@ -269,7 +271,7 @@ def table(results, device_name):
              "| shape | params | gen tok/s | floor % | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        setting = ", ".join(s for s, on in (("graphs", r["cuda_graphs"]), ("grad ckpt", r["grad_ckpt"])) if on)
+        setting = ", ".join(s for s, on in (("graphs", r["cuda_graphs"]), ("grad ckpt", r["grad_ckpt"]), ("compiled", r["compiled"])) if on)
         lines.append(f"| {r['shape']}{f' ({setting})' if setting else ''} | {r['params'] / 1e6:,.1f}M | {r['gen_tok_s']:,.0f} | "
                      f"{fmt(r['floor_frac'] and 100 * r['floor_frac'], '.0f')} | {r['upd_tok_s']:,.0f} | "
                      f"{fmt(r['mfu'] and 100 * r['mfu'], '.0f')} | {fmt(r['peak_gb'], '.1f')} | "
@@ -293,6 +295,8 @@ def main():
     p.add_argument("--token_budget", type=int, default=32768, help="rl.py --token_budget: padded tokens per micro-batch")
     p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                    help="rl.py --grad_ckpt: gradient checkpointing in the update (auto: on for 300M+ parameters on a GPU)")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="rl.py --compile: the decoder "
+                   "layers through torch.compile in the update (auto: on a GPU; its compilation falls in the warm-up step)")
     p.add_argument("--eager", action="store_true", help="decode without CUDA graphs (on a GPU rl.py captures the "
                    "decoding step as a graph once a turn): to measure what the graphs save")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s (default: from the GPU's name)")

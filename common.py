@@ -223,6 +223,34 @@ def enable_grad_ckpt(model, setting, device):
     return on
 
 
+def compile_layers(model, setting, device, backend="inductor"):
+    """--compile: prepare the decoder layers to run through torch.compile inside compiled_layers(); returns whether on
+    (auto: on a GPU). Why: with fp32 weights under bf16 autocast the layers' elementwise work (RMSNorm in fp32,
+    rotary embeddings, the MLP's gate, dtype casts) runs as hundreds of unfused kernels; in the update of a
+    Qwen3-0.6B shape on an H100 it took over half the GPU time, the matrix products 17%. Compiled, it fuses.
+    One compilation serves every layer of the same kind and every micro-batch shape (dynamic shapes)."""
+    on = setting == "on" or (setting == "auto" and device.startswith("cuda"))
+    if on:
+        for layer in model.get_decoder().layers:
+            layer.compiled_call = torch.compile(layer._call_impl, dynamic=True, backend=backend)
+    return on
+
+
+@contextlib.contextmanager
+def compiled_layers(model):
+    """Within: the layers that compile_layers prepared run compiled, so enter it around the forward *and* the
+    backward (gradient checkpointing recomputes the forward there); outside: eager, as the rollouts need (they
+    patch the layers' attention and capture their own CUDA graphs)."""
+    layers = [layer for layer in model.get_decoder().layers if hasattr(layer, "compiled_call")]
+    for layer in layers:
+        layer._compiled_call_impl = layer.compiled_call  # what nn.Module.compile() sets; __call__ uses it
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._compiled_call_impl = None
+
+
 def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_n, save_every):
     """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")

@@ -24,6 +24,7 @@ One step, in the order of this file:
      rollouts (the batch's common prefix, the system prompt, runs once: common.decoder_hidden), logits divided
      by the sampling temperature so the logprobs describe the sampled distribution;
   4. the update: one optimizer step per batch (--minibatch / --ppo_epochs for several, where the ratio matters);
+     on a GPU the decoder layers run compiled for it (--compile), fp32 weights under bf16 autocast;
   5. the loop: log, evaluate, checkpoint, repeat.
 
 --exploit N: an exploiter, for an environment with an exploit(policy) hook (tic-tac-toe: its certificate, the
@@ -69,10 +70,10 @@ import torch
 
 from eval import evaluate_standard
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, check_ranks_agree, checkpoint_to_resume,
-                    disk_full_says_what_is_kept, enable_grad_ckpt, finish_save, from_rank0, gather_from_ranks,
-                    load_env, load_model, log_eval, log_line, lr_at, non_negative, pad_batch, parse_env_args,
-                    pick_device, positive, rng_state, save_checkpoint, start_or_resume, start_ranks, stop_ranks,
-                    sum_gradients, sum_over_ranks, token_logprobs, token_microbatches, train_autocast)
+                    compile_layers, compiled_layers, disk_full_says_what_is_kept, enable_grad_ckpt, finish_save,
+                    from_rank0, gather_from_ranks, load_env, load_model, log_eval, log_line, lr_at, non_negative,
+                    pad_batch, parse_env_args, pick_device, positive, rng_state, save_checkpoint, start_or_resume,
+                    start_ranks, stop_ranks, sum_gradients, sum_over_ranks, token_logprobs, token_microbatches, train_autocast)
 from sample import POLICY_FLAG_RULES, HFPolicy, NonFiniteLogits, rollout, show
 
 # ----------------------------------------------------------------------------- 1. rollouts
@@ -343,6 +344,9 @@ def parse_args(argv=None):
                    "certificate, the greedy policy against every opponent line, as eval.py --certify) finds the lines where "
                    "the greedy policy errs, and up to half of each step's examples replay them: an exploiter; the weights "
                    "of the best certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="run the decoder layers through "
+                   "torch.compile in the update (the rollouts stay eager, with their own CUDA graphs): fuses the "
+                   "elementwise work; costs a compilation in the first step. auto: on a GPU")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args(argv)
     check_flags(args, {**TRAIN_FLAG_RULES, "top_p": POLICY_FLAG_RULES["top_p"], "max_new_tokens": POLICY_FLAG_RULES["max_new_tokens"],
@@ -395,6 +399,7 @@ def main():
     model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
     enable_grad_ckpt(model, args.grad_ckpt, device)
+    compile_layers(model, args.compile, device)
     policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch, seed=args.seed)
     greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
     amp = train_autocast(device)
@@ -471,7 +476,8 @@ def main():
         model.train()
         t1 = time.time()
         try:
-            stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group, args.batch)
+            with compiled_layers(model):
+                stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group, args.batch)
         except torch.OutOfMemoryError as e:
             raise SystemExit(f"out of GPU memory in the update: lower --token_budget (tokens per micro-batch, now "
                              f"{args.token_budget}) or add --grad_ckpt.\n  ({str(e)[:200]})") from e

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements in one call (device time is short), the most wanted first: the engine's exactness with and
-# without CUDA graphs, one turn through the engine (graphs, eager, the matmul decoding-attention experiment) against
-# model.generate(), the standing benchmark on the real shapes, one rank under torchrun against plain python (needs a
+# without CUDA graphs, one turn through the engine (graphs, eager) against model.generate(), the standing benchmark
+# on the real shapes (the update compiled: its compilation falls in each shape's warm-up step), one rank under torchrun against plain python (needs a
 # trained tic-tac-toe model in .gpu/sft, carried: copy any sft output there), and eager decoding under the profiler.
-# Each part has its own time limit; all of them take about 9.5 minutes (7.5 on 2026-11-26, before the experiment).
+# Each part has its own time limit; all of them took 7.5 minutes on 2026-11-26 (before the update was compiled).
 # Logs, bench.jsonl and the two runs' metrics go to $OUT (default out/gpu).
 #   OUT=$OUT bash docs/gpu_bench.sh          # on the device machine
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

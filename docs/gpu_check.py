@@ -10,8 +10,9 @@ with convolutions, Qwen3.5 with linear attention), plays greedy and sampled mult
   - the RowCache gives the tokens of re-encoding every turn (bf16: a near-tie may flip; the share is printed);
   - every recorded logprob is that of one forward over the whole trajectory, within bf16 rounding.
 `generate` times the first turn of the standard step (256 episodes, a ~190-token prompt, exactly 64 sampled tokens)
-through our engine (fp32 weights under bf16 autocast, as rl.py samples) and through model.generate (dynamic cache,
-then static cache; the same weights in bf16).
+through our engine (fp32 weights under bf16 autocast, as rl.py samples: eager, then a CUDA graph per turn with SDPA
+and with matrix products as the decoding step's attention) and through model.generate (dynamic cache, then static
+cache; the same weights in bf16; --engine_only skips these).
 """
 import argparse
 import os
@@ -23,10 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import bench  # noqa: E402
-import sample  # noqa: E402
 from sample import HFPolicy, rollout  # noqa: E402
-
-GROUPED_ATTENTION = sample._grouped_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: to check this script itself
 
@@ -106,40 +104,15 @@ def sync():
         torch.cuda.synchronize()
 
 
-def matmul_decoding_attention():
-    """An experiment, not yet in sample.py: the decoding step's attention (one query per row) as two batched matrix
-    products over the row's keys and values, the scores in fp32, instead of SDPA's memory-efficient kernel, which
-    pads a KV head's 2 stacked queries to a tile of 64. Prefill keeps sample.py's attention."""
-    from transformers import AttentionInterface
-    sdpa = AttentionInterface._global_mapping[GROUPED_ATTENTION()]  # sample.py's, registered here if not yet
-
-    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        B, Hq, W, D = query.shape
-        if W != 1:
-            return sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-        Hkv, span = key.shape[1], key.shape[2]
-        q = query.reshape(B * Hkv, Hq // Hkv, D)
-        k_t = key.reshape(B * Hkv, span, D).transpose(1, 2)
-        scores = torch.bmm(q, k_t, out_dtype=torch.float32) if q.is_cuda else torch.bmm(q.float(), k_t.float())
-        scores = scores.view(B, Hkv, -1, span) * (scaling if scaling is not None else D ** -0.5)  # (B, Hkv, G, span)
-        probs = scores.masked_fill(~attention_mask, float("-inf")).softmax(-1).to(value.dtype)
-        out = torch.bmm(probs.view(B * Hkv, -1, span), value.reshape(B * Hkv, span, D))  # (B * Hkv, G, D)
-        return out.view(B, Hq, 1, D).transpose(1, 2).contiguous(), None  # (B, 1, Hq, D)
-
-    AttentionInterface.register("rollout_rows_matmul", attention)
-    return "rollout_rows_matmul"
-
-
-def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64):
+def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64, engine_only=False):
     model, tok = bench.build_model(shape, DEV)
     env = bench.FixedEnv(system_tokens=150, env_tokens=40, turns=1)
     timings, replay = {}, {}
-    for graphs, matmul in ((False, False), (True, False), (True, True)):
+    for graphs, by_matmul in ((False, True), (True, False), (True, True)):
         policy = HFPolicy(model, tok, env.system_prompt, temp=1.1, max_new_tokens=new_tokens, batch_size=episodes,
-                          min_new_tokens=new_tokens, cuda_graphs=graphs)
+                          min_new_tokens=new_tokens, cuda_graphs=graphs, decode_by_matmul=by_matmul)
         label = "engine (RowCache), " + ("a CUDA graph per turn" if policy.cuda_graphs else "eager")
-        label += ", decoding attention by matmul (experiment)" if matmul else ""
-        sample._grouped_attention = matmul_decoding_attention if matmul else GROUPED_ATTENTION
+        label += ", decoding attention by " + ("matrix products" if by_matmul else "SDPA")
         for run in range(3):  # the first run warms up (kernels, allocator)
             sync()
             t0 = time.time()
@@ -147,12 +120,12 @@ def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64):
             sync()
             timings.setdefault(label, []).append(time.time() - t0)
         replay[label] = max(replay_logprobs(model, rec, 1.1, policy.autocast) for rec in recs[:8])
-    sample._grouped_attention = GROUPED_ATTENTION
     prompt = len(recs[0]["ids"]) - new_tokens - 1
     ids = torch.randint(10, model.config.vocab_size, (episodes, prompt), device=DEV)
-    if DEV == "cuda":  # generate() in the weights' bf16 (a static cache takes the model's dtype, not autocast's)
+    if DEV == "cuda" and not engine_only:  # generate() in the weights' bf16 (a static cache takes the model's dtype, not autocast's)
         model.to(torch.bfloat16)
-    for label, kw in (("generate(), dynamic cache", {}), ("generate(), static cache", {"cache_implementation": "static"})):
+    generates = [] if engine_only else [("generate(), dynamic cache", {}), ("generate(), static cache", {"cache_implementation": "static"})]
+    for label, kw in generates:
         try:
             for run in range(3):
                 sync()
@@ -177,5 +150,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["exact", "generate"], help="which check")
     p.add_argument("--shape", default="qwen3-0.6b", choices=list(bench.SHAPES), help="generate: the model shape")
+    p.add_argument("--engine_only", action="store_true", help="generate: time the engine only, not model.generate()")
     a = p.parse_args()
-    exact() if a.what == "exact" else generate(a.shape)
+    exact() if a.what == "exact" else generate(a.shape, engine_only=a.engine_only)

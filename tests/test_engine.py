@@ -101,6 +101,20 @@ def test_greedy_rollout_is_token_exact(arch, short_env):
     assert sampled > 100
 
 
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_decoding_by_matmul_is_decoding_by_sdpa(arch, short_env, temp):
+    """The decoding step's attention as two matrix products (a GPU's default) gives SDPA's tokens and logprobs."""
+    name, model, tok = arch
+    runs = {}
+    for by_matmul in (False, True):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=temp, max_new_tokens=16, batch_size=4,
+                          decode_by_matmul=by_matmul)
+        runs[by_matmul] = rollout(short_env, short_env.examples(6, seed=2), policy, progress=False)
+    for a, b in zip(runs[False], runs[True]):
+        assert a["ids"] == b["ids"] and a["mask"] == b["mask"], name
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
+
+
 def test_row_cache_equals_reencoding(arch, short_env):
     """The RowCache path gives the tokens and logprobs of re-encoding every turn."""
     name, model, tok = arch

@@ -1,5 +1,6 @@
 """rl.py: the loss against hand computations, chunked logprobs, and a CPU smoke run with exact resume."""
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -120,6 +121,47 @@ def test_token_logprobs_match_full_softmax(tiny_model_dir):
         lp, ent = token_logprobs(model, ids, mask, 0.7, chunk=7)
     assert torch.allclose(lp, full[mask[:, 1:].bool()], atol=1e-5)
     assert (ent > 0).all()
+
+
+def test_compiled_layers_give_the_eager_gradients_under_checkpointing(tiny_model_dir):
+    """--compile: inside compiled_layers the decoder layers run compiled (here with the aot_eager backend: the same
+    autograd plumbing as inductor, without its code generation), forward, checkpoint recomputation and backward;
+    the logprobs and every gradient are those of the eager layers; outside, the layers are eager again."""
+    from common import compile_layers, compiled_layers, load_model
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+        compiles.append(gm)
+        return aot_eager(gm, example_inputs)
+    model, _ = load_model(tiny_model_dir, train=True)
+    model.gradient_checkpointing_enable()
+    model.train()
+    torch.manual_seed(0)
+    batches = [torch.randint(0, model.config.vocab_size, (B, T)) for B, T in ((3, 20), (2, 31))]
+
+    def grads(compiled):
+        out = []
+        for ids in batches:
+            model.zero_grad()
+            mask = torch.ones_like(ids)
+            mask[:, :4] = 0
+            with compiled_layers(model) if compiled else contextlib.nullcontext():
+                lp, _ = token_logprobs(model, ids, mask, 0.7)
+                lp.sum().backward()
+            out += [lp.detach()] + [p.grad.clone() for p in model.parameters()]
+        return out
+    eager = grads(False)
+    assert compile_layers(model, "on", "cpu", backend=counting_backend)
+    assert compile_layers(model, "off", "cpu") is False and compile_layers(model, "auto", "cpu") is False
+    compiled = grads(True)
+    assert compiles, "the layers went through the compiler"
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert all(layer._compiled_call_impl is None for layer in model.get_decoder().layers)
+    n = len(compiles)
+    grads(False)
+    assert len(compiles) == n
 
 
 # ----------------------------------------------------------------------------- CPU smoke run and exact resume

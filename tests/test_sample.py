@@ -373,14 +373,17 @@ def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, t
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
 
 
-def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
+@pytest.mark.parametrize("by_matmul", [False, True])
+def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env, by_matmul):
     """On a GPU a policy samples under bf16 autocast (policy.autocast; CPU autocast runs the same code here): the
     RowCache is bf16, not the fp32 that the keys of fp32 weights come out in, and continuing it gives the replies
-    that re-encoding gives."""
+    that re-encoding gives: exactly with SDPA as the decoding step's attention, up to bf16 near-ties with the
+    matrix products a GPU decodes with."""
     model, tok = sharp_model
     runs, dtypes = {}, set()
     for reuse in (True, False):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=12, batch_size=4, reuse_cache=reuse,
+                          decode_by_matmul=by_matmul)
         policy.autocast, turn = True, policy._turn
 
         def spy(episodes, cache):
@@ -390,9 +393,21 @@ def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env):
         policy._turn = spy
         runs[reuse] = rollout(short_env, short_env.examples(6, seed=11), policy, progress=False)
     assert dtypes == {torch.bfloat16} and next(model.parameters()).dtype == torch.float32
-    assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
+    if not by_matmul:
+        assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
+    # The matrix products (fp32 scores) round differently from re-encoding's SDPA: in bf16 (this model's logits are
+    # 20x sharpened: errors up to 0.14 seen) a greedy near-tie may go either way. Up to the first different token
+    # the logprobs agree; there both paths' choices are about equally likely (a tie, not a corrupted cache); most
+    # episodes do not differ at all.
+    same, atol = 0, 0.25 if by_matmul else 0.1
     for a, b in zip(runs[True], runs[False]):
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=0.1, rtol=0)
+        n = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), len(a["ids"]))
+        same += n == len(a["ids"]) == len(b["ids"])
+        assert a["mask"][:n] == b["mask"][:n]
+        torch.testing.assert_close(torch.tensor(a["logprobs"][:n]), torch.tensor(b["logprobs"][:n]), atol=atol, rtol=0)
+        if n < len(a["ids"]):
+            assert a["mask"][n] and abs(a["logprobs"][n] - b["logprobs"][n]) < atol, "diverged away from a near-tie"
+    assert same >= len(runs[True]) - 2
 
 
 def test_row_cache_writes_rows_gathers_and_grows():
