@@ -481,6 +481,9 @@ def main():
         except torch.OutOfMemoryError as e:
             raise SystemExit(f"out of GPU memory in the update: lower --token_budget (tokens per micro-batch, now "
                              f"{args.token_budget}) or add --grad_ckpt.\n  ({str(e)[:200]})") from e
+        except torch._dynamo.exc.TorchDynamoException as e:  # no compiler for this GPU, a layer it cannot trace, ...
+            raise SystemExit(f"torch.compile failed on the update's layers: run with --compile off.\n  "
+                             f"({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})") from e
         t_train = time.time() - t1
         step += 1
         bad_steps = bad_steps + 1 if stats["skipped"] else 0

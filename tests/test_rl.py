@@ -335,6 +335,24 @@ def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch,
                         "--eval_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
 
 
+def test_a_failed_compilation_says_to_turn_it_off(tiny_model_dir, tmp_path, monkeypatch):
+    import common
+    import rl
+
+    def broken_compiler(gm, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    def update(model, records, *args, **kwargs):  # the update's first forward, whatever the advantages
+        ids, mask = (torch.tensor([records[0][k]]) for k in ("ids", "mask"))
+        token_logprobs(model, ids, mask, 1.0)
+    monkeypatch.setattr(rl, "compile_layers", lambda model, setting, device: common.compile_layers(
+        model, setting, device, backend=broken_compiler))
+    monkeypatch.setattr(rl, "update", update)
+    with pytest.raises(SystemExit, match="torch.compile failed on the update's layers: run with --compile off"):
+        run_main("rl", ["--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "1", "--max_new_tokens", "4",
+                        "--eval_every", "0", "--device", "cpu", "--compile", "on", "--out", str(tmp_path / "rl")])
+
+
 def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):
     """--resume loads trainer_state.pt as data only: a pickled payload (here a shell command) is refused, not run."""
     import argparse
