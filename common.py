@@ -186,6 +186,14 @@ def decoder_hidden(model, ids):
     return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
 
 
+def head_logprobs(head, h, targets, temp):
+    """(logprobs of `targets`, entropies) of one chunk of hidden states h (n, H) under softmax(head(h) / temp)."""
+    logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(1, targets[:, None]).squeeze(1), entropy
+
+
 def token_logprobs(model, ids, mask, temp, chunk=2048):
     """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
 
@@ -195,13 +203,9 @@ def token_logprobs(model, ids, mask, temp, chunk=2048):
     sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
     h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
     head = model.get_output_embeddings()
-
-    def piece(h, t):
-        logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
-        with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-        return logp.gather(1, t[:, None]).squeeze(1), entropy
-    outs = [checkpoint(piece, h[i:i + chunk], targets[i:i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)]
+    piece = getattr(model, "compiled_head_logprobs", head_logprobs)  # compile_layers: fused
+    outs = [checkpoint(piece, head, h[i:i + chunk], targets[i:i + chunk], temp, use_reentrant=False)
+            for i in range(0, len(h), chunk)]
     if not outs:
         return hidden.new_zeros(0, dtype=torch.float), hidden.new_zeros(0, dtype=torch.float)
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
@@ -228,11 +232,14 @@ def compile_layers(model, setting, device, backend="inductor"):
     (auto: on a GPU). Why: with fp32 weights under bf16 autocast the layers' elementwise work (RMSNorm in fp32,
     rotary embeddings, the MLP's gate, dtype casts) runs as hundreds of unfused kernels; in the update of a
     Qwen3-0.6B shape on an H100 it took over half the GPU time, the matrix products 17%. Compiled, it fuses.
-    One compilation serves every layer of the same kind and every micro-batch shape (dynamic shapes)."""
+    One compilation serves every layer of the same kind and every micro-batch shape (dynamic shapes). The LM
+    head's log-softmax over the vocabulary (token_logprobs) is compiled too: unfused, each of its fp32 passes over a
+    (2048, 152k) chunk reads and writes 1.2 GB."""
     on = setting == "on" or (setting == "auto" and device.startswith("cuda"))
     if on:
         for layer in model.get_decoder().layers:
             layer.compiled_call = torch.compile(layer._call_impl, dynamic=True, backend=backend)
+        model.compiled_head_logprobs = torch.compile(head_logprobs, dynamic=True, backend=backend)
     return on
 
 
@@ -240,7 +247,8 @@ def compile_layers(model, setting, device, backend="inductor"):
 def compiled_layers(model):
     """Within: the layers that compile_layers prepared run compiled, so enter it around the forward *and* the
     backward (gradient checkpointing recomputes the forward there); outside: eager, as the rollouts need (they
-    patch the layers' attention and capture their own CUDA graphs)."""
+    patch the layers' attention and capture their own CUDA graphs). The compiled LM-head piece needs no context:
+    only token_logprobs, a training forward, uses it."""
     layers = [layer for layer in model.get_decoder().layers if hasattr(layer, "compiled_call")]
     for layer in layers:
         layer._compiled_call_impl = layer.compiled_call  # what nn.Module.compile() sets; __call__ uses it
