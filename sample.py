@@ -24,7 +24,8 @@ there; finished episodes leave at turn boundaries. A decoding step is one forwar
 with fixed shapes for the whole turn and no host sync, so on a GPU it is captured as a CUDA graph once a turn
 (`cuda_graphs`, on by default; bit for bit the eager step's tokens and logprobs on an H100, `docs/gpu_check.py
 exact`): one launch per token. On an H100, one turn of 256 episodes x 64 tokens (Qwen3-0.6B shape) took 0.88 s
-graphed, 2.04 s eager (with SDPA), 1.86 s through generate() with a static cache and 2.43 s with its dynamic cache (docs/GPU.md).
+graphed, 2.04 s eager (with SDPA), 1.86 s through generate() with a static cache and 2.43 s with its dynamic cache
+(docs/GPU.md).
 generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
 continuing a game meant re-stacking every episode's cache each turn (two copies of it at once), and it pays its
 per-token Python and launch overhead at every step. Layers with a recurrent state keep it in the same row: LFM2's
@@ -290,7 +291,7 @@ def _scores(q, k_t):
         return torch.bmm(q, k_t)
     try:
         return torch.bmm(q, k_t, out_dtype=torch.float32)
-    except (TypeError, NotImplementedError, RuntimeError):  # no out_dtype in this torch, or not on this device
+    except (TypeError, NotImplementedError):  # no out_dtype in this torch, or not on this device
         return torch.bmm(q.float(), k_t.float())
 
 
