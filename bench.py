@@ -6,6 +6,7 @@ of a real shape, built offline from transformers' config classes (no download).
     python bench.py --shape qwen3-0.6b qwen3-1.7b lfm2-2.6b        # one GPU: the table in the README
     python bench.py --shape qwen3-0.6b --eager --profile 15        # decoding without CUDA graphs; the costliest operators
     python bench.py --shape qwen3-0.6b --grad_ckpt off --token_budget 16384   # the update without checkpointing
+    python bench.py --shape qwen3-0.6b --compile off               # the update's layers eager: what compiling saves
 
 Random weights write noise, so the benchmark fixes the workload, not the model: every step is --examples x --group
 episodes (default 32 x 8 = 256) of --turns model turns (5) of exactly --reply_tokens sampled tokens (64; the
