@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The next GPU session's first call (about 5 minutes): what changed since the last GPU run, and the experiment
+# The next GPU session's first call (about 6 minutes): what changed since the last GPU run, and the experiment
 # that could take Qwen3-0.6B's generation nearer its bandwidth floor. In order:
 #   1. exactness (the decoding attention is now matrix products on a GPU): graphs == eager, against a replay;
 #   2. one turn through the engine: eager, graphs with SDPA, graphs with matrix products, and the same with the
 #      layers compiled inside the graph (docs/gpu_check.py compile_decoding, an experiment);
-#   3. the standard step on Qwen3-0.6B as rl.py runs it, then with the experiment (same machine, one after the
-#      other, so the two compare).
+#   3. the standard step on Qwen3-0.6B as rl.py runs it, then with each experiment (same machine, one after the
+#      other, so they compare): decoding through the compiled layers; checkpointing on every other layer only.
 # Logs and bench.jsonl go to $OUT (default out/gpu).   OUT=$OUT bash docs/gpu_next.sh   # on the device machine
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 O=${OUT:-out/gpu}; mkdir -p "$O"
@@ -19,3 +19,6 @@ echo "== bench qwen3-0.6b"; timeout 90 python3 bench.py --out "$O/bench.jsonl" -
 echo "== bench qwen3-0.6b, layers compiled for decoding too (experiment)"
 timeout 150 python3 -c "import sys; sys.path.insert(0, 'docs'); import gpu_check, bench; gpu_check.compile_decoding(); bench.main()" \
   --out "$O/bench_compiled_decoding.jsonl" --shape qwen3-0.6b 2>&1 | f | tail -4; el
+echo "== bench qwen3-0.6b, every other layer checkpointed (experiment)"
+timeout 100 python3 -c "import sys; sys.path.insert(0, 'docs'); import gpu_check, bench; gpu_check.checkpoint_half(); bench.main()" \
+  --out "$O/bench_checkpoint_half.jsonl" --shape qwen3-0.6b 2>&1 | f | tail -4; el
