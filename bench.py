@@ -297,7 +297,8 @@ def main():
     p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                    help="rl.py --grad_ckpt: gradient checkpointing in the update (auto: on for 300M+ parameters on a GPU)")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="rl.py --compile: the decoder "
-                   "layers through torch.compile in the update (auto: on a GPU; its compilation falls in the warm-up step)")
+                   "layers through torch.compile in the update (auto: on a GPU for 300M+ parameters; its compilation falls in the "
+                   "warm-up step)")
     p.add_argument("--eager", action="store_true", help="decode without CUDA graphs (on a GPU rl.py captures the "
                    "decoding step as a graph once a turn): to measure what the graphs save")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s (default: from the GPU's name)")

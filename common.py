@@ -229,13 +229,15 @@ def enable_grad_ckpt(model, setting, device):
 
 def compile_layers(model, setting, device, backend="inductor"):
     """--compile: prepare the decoder layers to run through torch.compile inside compiled_layers(); returns whether on
-    (auto: on a GPU). Why: with fp32 weights under bf16 autocast the layers' elementwise work (RMSNorm in fp32,
+    (auto: on a GPU for a model of GRAD_CKPT_AUTO_PARAMS+ parameters, as --grad_ckpt auto: where it was measured;
+    a small model's update costs little, and the compilation would). Why: with fp32 weights under bf16 autocast the layers' elementwise work (RMSNorm in fp32,
     rotary embeddings, the MLP's gate, dtype casts) runs as hundreds of unfused kernels; in the update of a
     Qwen3-0.6B shape on an H100 it took over half the GPU time, the matrix products 17%. Compiled, it fuses.
     One compilation serves every layer of the same kind and every micro-batch shape (dynamic shapes). The LM
     head's log-softmax over the vocabulary (token_logprobs) is compiled too: unfused, each of its fp32 passes over a
     (2048, 152k) chunk reads and writes 1.2 GB."""
-    on = setting == "on" or (setting == "auto" and device.startswith("cuda"))
+    big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS
+    on = setting == "on" or (setting == "auto" and device.startswith("cuda") and big)
     if on:
         for layer in model.get_decoder().layers:
             layer.compiled_call = torch.compile(layer._call_impl, dynamic=True, backend=backend)

@@ -24,7 +24,7 @@ One step, in the order of this file:
      rollouts (the batch's common prefix, the system prompt, runs once: common.decoder_hidden), logits divided
      by the sampling temperature so the logprobs describe the sampled distribution;
   4. the update: one optimizer step per batch (--minibatch / --ppo_epochs for several, where the ratio matters);
-     on a GPU the decoder layers run compiled for it (--compile), fp32 weights under bf16 autocast;
+     on a GPU a big model's decoder layers run compiled for it (--compile), fp32 weights under bf16 autocast;
   5. the loop: log, evaluate, checkpoint, repeat.
 
 --exploit N: an exploiter, for an environment with an exploit(policy) hook (tic-tac-toe: its certificate, the
@@ -346,7 +346,7 @@ def parse_args(argv=None):
                    "of the best certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="run the decoder layers through "
                    "torch.compile in the update (the rollouts stay eager, with their own CUDA graphs): fuses the "
-                   "elementwise work; costs a compilation in the first step. auto: on a GPU")
+                   "elementwise work; costs a compilation in the first step. auto: on a GPU for a model of 300M+ parameters")
     add_train_args(p, lr=1e-6, warmup=5, schedule="constant", token_budget=32768, out="out/rl", eval_every=20, eval_n=100, save_every=20)
     args = p.parse_args(argv)
     check_flags(args, {**TRAIN_FLAG_RULES, "top_p": POLICY_FLAG_RULES["top_p"], "max_new_tokens": POLICY_FLAG_RULES["max_new_tokens"],

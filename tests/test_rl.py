@@ -154,6 +154,7 @@ def test_compiled_layers_give_the_eager_gradients_under_checkpointing(tiny_model
     eager = grads(False)
     assert compile_layers(model, "on", "cpu", backend=counting_backend)
     assert compile_layers(model, "off", "cpu") is False and compile_layers(model, "auto", "cpu") is False
+    assert compile_layers(model, "auto", "cuda") is False  # a small model: not worth its compilation
     compiled = grads(True)
     assert compiles, "the layers went through the compiler"
     for a, b in zip(eager, compiled):
@@ -463,9 +464,10 @@ def test_non_finite_weights_stop_the_rollout_with_a_message(tiny_model, short_en
         rl.sample_rollouts(short_env, short_env.examples(2), policy, 2, 0)
 
 
-def test_grad_ckpt_auto_is_on_for_big_models_on_a_gpu(tiny_model_dir, monkeypatch):
+def test_grad_ckpt_and_compile_auto_are_on_for_big_models_on_a_gpu(tiny_model_dir, monkeypatch):
     """--grad_ckpt: alone means on, absent means auto; auto turns checkpointing on only on a GPU and only from
-    GRAD_CKPT_AUTO_PARAMS parameters (a 0.6B model's update does not fit 80 GB without it)."""
+    GRAD_CKPT_AUTO_PARAMS parameters (a 0.6B model's update does not fit 80 GB without it). --compile auto: the
+    same."""
     import common
     import rl
     assert rl.parse_args([]).grad_ckpt == "auto" and rl.parse_args(["--grad_ckpt"]).grad_ckpt == "on"
@@ -479,6 +481,7 @@ def test_grad_ckpt_auto_is_on_for_big_models_on_a_gpu(tiny_model_dir, monkeypatc
     assert not common.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()  # big, but a CPU
     assert not common.enable_grad_ckpt(model, "off", "cuda:0") and not checkpointing()
     assert common.enable_grad_ckpt(model, "auto", "cuda:0") and checkpointing()
+    assert not common.compile_layers(model, "auto", "cpu") and common.compile_layers(model, "auto", "cuda:0")
     model.gradient_checkpointing_disable()
     monkeypatch.setattr(common, "GRAD_CKPT_AUTO_PARAMS", n + 1)
     assert common.enable_grad_ckpt(model, "on", "cpu") and checkpointing()
