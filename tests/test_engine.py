@@ -115,6 +115,32 @@ def test_decoding_by_matmul_is_decoding_by_sdpa(arch, short_env, temp):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)
 
 
+def test_compiled_update_gives_eager_gradients(arch):
+    """--compile on every architecture the engine serves: the update's forward and backward through the compiled
+    layers (inductor's decompositions and partitioner without its code generation, which would take minutes
+    here), checkpointing on, give eager's logprobs and gradients."""
+    import copy
+    from torch._dynamo.backends.debugging import aot_eager_decomp_partition
+    name, model, _ = arch
+    model = copy.deepcopy(model).train()
+    model.gradient_checkpointing_enable()
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (3, 24))
+    mask = torch.ones_like(ids)
+    mask[:, :6] = 0
+
+    def forward_backward():
+        model.zero_grad()
+        with common.compiled_layers(model):
+            logp, _ = common.token_logprobs(model, ids, mask, 0.8)
+            logp.sum().backward()
+        return [logp.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    eager = forward_backward()
+    common.compile_layers(model, "on", "cpu", backend=aot_eager_decomp_partition)
+    for a, b in zip(eager, forward_backward(), strict=True):  # fp32, summed in another order: relative to the largest
+        torch.testing.assert_close(a, b, atol=1e-5 * float(a.abs().max().clamp(min=1)), rtol=1e-4)
+
+
 def test_row_cache_equals_reencoding(arch, short_env):
     """The RowCache path gives the tokens and logprobs of re-encoding every turn."""
     name, model, tok = arch
