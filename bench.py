@@ -38,7 +38,7 @@ import zlib
 import torch
 
 import rl
-from common import compile_layers, compiled_layers, enable_grad_ckpt, on_device, pick_device, train_autocast
+from common import compile_layers, enable_grad_ckpt, on_device, pick_device, train_autocast
 from sample import HFPolicy
 
 # ----------------------------------------------------------------------------- model shapes
@@ -240,8 +240,7 @@ def rl_step(env, policy, model, rl_args, opt, amp, args, sync, n, around=lambda 
     adv = rl.group_advantages([r["reward"] for r in records], args.group)
     model.train()
     with around("update"):
-        with compiled_layers(model):
-            rl.update(model, records, adv, rl_args, opt, amp)
+        rl.update(model, records, adv, rl_args, opt, amp)
     sync()
     return records, t1 - t0, time.time() - t1
 

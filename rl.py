@@ -196,50 +196,52 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
             per_token = lambda vals: torch.cat([torch.full((n_tokens[i],), float(vals[i])) for i in micro]).to(device)  # (N,)
             yield micro, ids, mask, per_token(adv.tolist()), per_token(weights)
 
-    before = {}  # episode -> (logprobs before any update, the reference's logprobs), from a no-grad pass
-    if several_steps or args.beta > 0:
-        with torch.no_grad(), amp:
-            for micro, ids, mask, _, _ in micro_batches(trained):
-                sizes = [n_tokens[i] for i in micro]
-                old = token_logprobs(model, ids, mask, args.temp)[0].split(sizes)
-                ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split(sizes) if ref_model else [None] * len(micro)
-                before.update({i: (o, r) for i, o, r in zip(micro, old, ref)})
+    # --compile: the layers run compiled for the forwards, the checkpoint recomputation and the backward alike
+    with compiled_layers(model):
+        before = {}  # episode -> (logprobs before any update, the reference's logprobs), from a no-grad pass
+        if several_steps or args.beta > 0:
+            with torch.no_grad(), amp:
+                for micro, ids, mask, _, _ in micro_batches(trained):
+                    sizes = [n_tokens[i] for i in micro]
+                    old = token_logprobs(model, ids, mask, args.temp)[0].split(sizes)
+                    ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split(sizes) if ref_model else [None] * len(micro)
+                    before.update({i: (o, r) for i, o, r in zip(micro, old, ref)})
 
-    stats = {"entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "logp_mismatch": 0.0, "kl": 0.0, "train_tokens": 0, "skipped": 0}
-    counted = 0
-    for epoch in range(args.ppo_epochs):
-        for minibatch in minibatches:
-            if not sum_over_ranks([len(minibatch)])[0]:  # no episode with a gradient in any rank's share: no step
-                continue
-            total_loss = 0.0
-            for micro, ids, mask, adv_tok, weight_tok in micro_batches(minibatch):
-                with amp:
-                    logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
-                old_logp = torch.cat([before[i][0] for i in micro]) if several_steps else logp.detach()
-                ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
-                loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
-                loss.backward()
-                total_loss += loss.item()
-                if epoch == 0:  # how far the trainer's logprobs (before any update) are from the sampler's
-                    sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
-                    stats["logp_mismatch"] += (old_logp - sampled).abs().sum().item()
-                stats["entropy"] += entropy.sum().item()
-                if ref_logp is not None:  # the penalty's own estimate, logged
-                    stats["kl"] += kl_k3(logp.detach(), ref_logp).sum().item()
-                stats["clip_frac"] += clipped.float().sum().item()
-                stats["train_tokens"] += int(mask.numel())
-                counted += len(logp)
-            sum_gradients(model)
-            total_loss = sum_over_ranks([total_loss])[0]
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if not (math.isfinite(total_loss) and torch.isfinite(grad_norm)):
-                print(f"warning: non-finite loss {total_loss} or grad norm {grad_norm.item()}: update skipped")
+        stats = {"entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "logp_mismatch": 0.0, "kl": 0.0, "train_tokens": 0, "skipped": 0}
+        counted = 0
+        for epoch in range(args.ppo_epochs):
+            for minibatch in minibatches:
+                if not sum_over_ranks([len(minibatch)])[0]:  # no episode with a gradient in any rank's share: no step
+                    continue
+                total_loss = 0.0
+                for micro, ids, mask, adv_tok, weight_tok in micro_batches(minibatch):
+                    with amp:
+                        logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
+                    old_logp = torch.cat([before[i][0] for i in micro]) if several_steps else logp.detach()
+                    ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
+                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
+                    loss.backward()
+                    total_loss += loss.item()
+                    if epoch == 0:  # how far the trainer's logprobs (before any update) are from the sampler's
+                        sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:], records[i]["mask"][1:]) if m], device=device)
+                        stats["logp_mismatch"] += (old_logp - sampled).abs().sum().item()
+                    stats["entropy"] += entropy.sum().item()
+                    if ref_logp is not None:  # the penalty's own estimate, logged
+                        stats["kl"] += kl_k3(logp.detach(), ref_logp).sum().item()
+                    stats["clip_frac"] += clipped.float().sum().item()
+                    stats["train_tokens"] += int(mask.numel())
+                    counted += len(logp)
+                sum_gradients(model)
+                total_loss = sum_over_ranks([total_loss])[0]
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+                if not (math.isfinite(total_loss) and torch.isfinite(grad_norm)):
+                    print(f"warning: non-finite loss {total_loss} or grad norm {grad_norm.item()}: update skipped")
+                    opt.zero_grad(set_to_none=True)
+                    stats["skipped"] += 1
+                    continue
+                opt.step()
                 opt.zero_grad(set_to_none=True)
-                stats["skipped"] += 1
-                continue
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            stats["grad_norm"] = grad_norm.item()
+                stats["grad_norm"] = grad_norm.item()
     keys = ("entropy", "clip_frac", "logp_mismatch", "kl", "train_tokens")
     *sums, counted = sum_over_ranks([stats[k] for k in keys] + [counted])
     stats.update(zip(keys, sums))
@@ -476,8 +478,7 @@ def main():
         model.train()
         t1 = time.time()
         try:
-            with compiled_layers(model):
-                stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group, args.batch)
+            stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group, args.batch)
         except torch.OutOfMemoryError as e:
             raise SystemExit(f"out of GPU memory in the update: lower --token_budget (tokens per micro-batch, now "
                              f"{args.token_budget}) or add --grad_ckpt.\n  ({str(e)[:200]})") from e

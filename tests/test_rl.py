@@ -337,18 +337,19 @@ def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch,
 
 
 def test_a_failed_compilation_says_to_turn_it_off(tiny_model_dir, tmp_path, monkeypatch):
+    """The update runs the decoder layers compiled (rl.update enters compiled_layers itself), and a compiler that
+    fails on them stops rl.py with what to change."""
     import common
     import rl
 
-    def broken_compiler(gm, example_inputs):
-        raise RuntimeError("no C++ compiler found")
-
-    def update(model, records, *args, **kwargs):  # the update's first forward, whatever the advantages
-        ids, mask = (torch.tensor([records[0][k]]) for k in ("ids", "mask"))
-        token_logprobs(model, ids, mask, 1.0)
+    def compiler_failing_on_layers(gm, example_inputs):
+        if "self_attn" in gm.code:  # a decoder layer's graph (the LM head's compiles)
+            raise RuntimeError("no C++ compiler found")
+        return gm.forward
     monkeypatch.setattr(rl, "compile_layers", lambda model, setting, device: common.compile_layers(
-        model, setting, device, backend=broken_compiler))
-    monkeypatch.setattr(rl, "update", update)
+        model, setting, device, backend=compiler_failing_on_layers))
+    # every episode has an advantage, whatever the rewards of a random model: the update runs its forwards
+    monkeypatch.setattr(rl, "group_advantages", lambda rewards, *a: torch.tensor([(-1.0) ** i for i in range(len(rewards))]))
     with pytest.raises(SystemExit, match="torch.compile failed on the update's layers: run with --compile off"):
         run_main("rl", ["--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "1", "--max_new_tokens", "4",
                         "--eval_every", "0", "--device", "cpu", "--compile", "on", "--out", str(tmp_path / "rl")])
