@@ -3,7 +3,7 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, EXPLOIT, POLISH_STEPS, N_EVAL, RL_FLAGS
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, PUZZLE_UNTIL, EXPLOIT, POLISH_STEPS, N_EVAL, RL_FLAGS
 #   RESUME=1 ...                  # after a crash or a stop: the same settings again, each stage going on from its last checkpoint in OUT
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
@@ -58,6 +58,8 @@ MAIN_EXPLORE=""  # the main RL stage's, if it explores
 SFT_OPENING=""  # SFT's opening rounds, if not OPENING
 SFT_OPENING_PLAYER=""  # who plays SFT's openings' X moves, if not the minimax player
 PUZZLE_STEPS_DEFAULT=0  # steps of an RL stage on puzzles before the main RL (TEACHER=rules_wins, rules_then)
+PUZZLE_UNTIL_DEFAULT=0  # > 0: that stage goes on until its solver's reward averages this over 10 steps (below)
+PUZZLE_MAX_STEPS=140
 # the puzzle stage's episodes a step: 48 positions of 8 rollouts, about 32 blocks and 16 openings; with the main RL's
 # 8 positions a step its sampled block rate swung by 0.4 from step to step and the stage's certificate varied by
 # seed, 288-455 lost lines (32 blocks alone: 215-333; with the 16 openings: 170-257)
@@ -107,6 +109,9 @@ if [ "$TEACHER" = "rules" ] || [ "$TEACHER" = "rules_wins" ] || [ "$TEACHER" = "
     # free cell there, in the teacher's words: the last lost lines were moves the policy was too sure of for a
     # group to sample another (seed 0: 0 lost lines at step 40; seeds 1 and 2 no better than without it)
     MAIN_EXPLORE="$EXPLORE"
+    # the block stage goes on past its 60 steps, 10 at a time up to 140, until the solver's reward averages 0.85 over
+    # its last 10 steps: seed 2's had stalled near 0.66 at step 60 (seeds 0 and 1: 0.94 and 0.87, so they stop there)
+    PUZZLE_UNTIL_DEFAULT=0.85
   fi
   RL_STEPS=${RL_STEPS:-300}
   TEACHER_FLAGS="--teacher $TEACHER"
@@ -134,6 +139,7 @@ EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}
 POLISH_STEPS=${POLISH_STEPS:-0}
 if [ "$EXPLOIT" = "0" ]; then MAIN_EXPLORE=""; fi
 PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
+PUZZLE_UNTIL=${PUZZLE_UNTIL:-$PUZZLE_UNTIL_DEFAULT}
 ENV="{$VIEW}"  # the evaluation's environment: every game from the empty board
 # SFT's environment: a teacher game may start from a position up to OPENING rounds in, so more of the data is the
 # endgame, where the student erred most (two free cells, checking which of them completes a line), and a step is cheaper
@@ -149,7 +155,7 @@ if [ "${QUICK:-0}" = "1" ]; then
   SFT="--n_games 60 --vocab_size 300 --d_model 32 --n_layers 2 --n_heads 2 --max_steps 4 --eval_every 0 --eval_n 2"
   RL="--batch 16 --group 4 --steps 2 --max_new_tokens $MAX_NEW --eval_n 2 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-4}
-  if [ "$PUZZLE_STEPS" -gt 0 ]; then PUZZLE_STEPS=2; PUZZLE_BATCH=16; fi
+  if [ "$PUZZLE_STEPS" -gt 0 ]; then PUZZLE_STEPS=2; PUZZLE_BATCH=16; PUZZLE_MAX_STEPS=4; fi
 else
   SFT="--n_games $N_GAMES --batch 8 --lr 2e-3 --warmup 10 --max_steps $SFT_STEPS --eval_every 0 --save_every $((SFT_STEPS / 2)) --eval_n 20"
   RL="--batch 64 --group 8 --steps $RL_STEPS --lr $RL_LR --warmup 3 --temp 1.0 --max_new_tokens $MAX_NEW --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
@@ -177,6 +183,17 @@ if [ "$PUZZLE_STEPS" -gt 0 ]; then
   PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
   stamp "3a. RL on puzzles ($PUZZLE_KINDS) from the SFT model"
   python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
+  # PUZZLE_UNTIL: resumed 10 steps at a time until the stage has learnt its lesson (a resume goes on exactly where it stopped)
+  while [ "$PUZZLE_UNTIL" != "0" ] && [ "$PUZZLE_STEPS" -lt "$PUZZLE_MAX_STEPS" ] && ! python -c "
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+last = [r['reward_optimal'] for r in rows if 'reward_optimal' in r][-10:]
+print(f'the block stage at step {rows[-1][\"step\"]}: solver reward {sum(last) / len(last):.3f} over its last {len(last)} steps (until $PUZZLE_UNTIL)')
+sys.exit(sum(last) / len(last) < float(sys.argv[2]))" "$OUT/rl_puzzles/metrics.jsonl" "$PUZZLE_UNTIL"; do
+    PUZZLE_STEPS=$((PUZZLE_STEPS + 10 < PUZZLE_MAX_STEPS ? PUZZLE_STEPS + 10 : PUZZLE_MAX_STEPS))
+    PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
+    python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" --resume | tee -a "$OUT/rl_puzzles.log"
+  done
   RL_FROM="$OUT/rl_puzzles"
 fi
 

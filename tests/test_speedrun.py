@@ -24,7 +24,10 @@ def speedruns(tmp_path_factory):
         # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules_wins run passes one, and a third stage)
         rl_flags = "--loss_agg sequence" if teacher == "rules_wins" else ""
         env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags,
-               "POLISH_STEPS": "2" if teacher == "rules_wins" else "0"}
+               "POLISH_STEPS": "2" if teacher == "rules_wins" else "0",
+               # a block stage that goes on until its solver reward averages 0.99: this tiny model's never does, so
+               # it runs its 2 quick steps, then is resumed to the quick maximum, 4
+               "PUZZLE_UNTIL": "0.99" if teacher == "rules_wins" else "0"}
         # a session of its own, so that a run past its time is stopped with its python children, which hold the pipe
         started[teacher] = out, rl_flags, subprocess.Popen(["bash", "speedrun.sh"], cwd=ROOT, stdout=subprocess.PIPE,
                                                            stderr=subprocess.STDOUT, text=True, env=env,
@@ -70,10 +73,14 @@ def test_quick_speedrun(speedruns, teacher):
         assert sum(1 for _ in open(os.path.join(out, "sft", "teacher_games.jsonl"))) == len(open(os.path.join(out, "sft", "data.jsonl")).readlines())
         assert "moves so far" in open(os.path.join(out, "sft", "data.jsonl")).read()
         puzzle_args = json.load(open(os.path.join(out, "rl_puzzles", "rl_args.json")))
-        assert json.loads(puzzle_args["env_args"])["puzzles"] == 1.0 and puzzle_args["steps"] == 2 and puzzle_args["exploit"] == 0
+        assert json.loads(puzzle_args["env_args"])["puzzles"] == 1.0 and puzzle_args["steps"] == 4 and puzzle_args["exploit"] == 0
+        assert "the block stage at step 2: solver reward " in output and "the block stage at step 4" not in output
+        assert [json.loads(line)["step"] for line in open(os.path.join(out, "rl_puzzles", "metrics.jsonl"))
+                if "reward_optimal" in line] == [1, 2, 3, 4]  # resumed where it stopped
         assert json.loads(puzzle_args["env_args"])["puzzle_kind"] == ["block", "block", "opening"]
         assert json.loads(json.load(open(os.path.join(out, "rl", "rl_args.json")))["env_args"])["puzzle_kind"] == ["threat", "opening"]
         assert f"python rl.py --model {out}/sft " in report and f"--out {out}/rl_puzzles" in report
+        assert report.split(f"--out {out}/rl_puzzles")[0].splitlines()[-1].count("--steps 4 ") == 1
         assert f"python rl.py --model {out}/rl_puzzles " in report
     else:
         assert any("threatens" in r for r in replies)
