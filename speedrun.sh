@@ -11,10 +11,11 @@
 #   TEACHER=rules_then ...   # rules_wins's recipe, the think also ending with where it could complete a line after its
 #                            # move (`Then: me 2 6.`), which the next turn's check copies; win puzzles in the block stage
 #   TEACHER=rules_wins SHOW_WINS=true ...   # rules_wins's recipe, the environment stating where each side could complete
-#                            # a line now, start puzzles, the solver's reward 3x in the second stage (seeds 0, 1, 2:
-#                            # 5, 13 and 107 lost lines); EXPLOIT=5 adds the exploiter with exploration at its replays
-#                            # to the second stage (seed 0: 0 lost lines); POLISH_STEPS=75 runs them as a third stage
-#                            # instead (seeds 0, 1, 2: 0, 0 and 28 lost lines; seed 1 a master)
+#                            # a line now, start puzzles, the block stage run until it has learnt, the solver's reward
+#                            # 3x in the second stage (seeds 0, 1, 2: 5, 13 and 45 lost lines); EXPLOIT=5 adds the
+#                            # exploiter with exploration at its replays to the second stage (seed 0: 0 lost lines);
+#                            # POLISH_STEPS=75 runs them as a third stage instead (seeds 0, 1, 2: 0, 0 and 15 lost
+#                            # lines; seed 1 a master)
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
