@@ -58,10 +58,14 @@ def pytest_configure(config):
     # transformers 5.24 renamed the cache argument and drops the old name in 5.40: passing it fails a test here
     # rather than a user's run later (common.cache_kwarg)
     config.addinivalue_line("filterwarnings", "error:`past_key_values` is deprecated:FutureWarning")
+    # pytest-xdist would hand out the files by their number of tests, which put the quick speedruns (few tests,
+    # the longest file) last: in LONGEST_FIRST's order instead
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 # the longest test files first: on two processes (-n 2 --dist loadfile), one left for the end keeps the other idle
-LONGEST_FIRST = ["test_speedrun.py", "test_distributed.py", "test_rl.py", "test_sft.py"]
+LONGEST_FIRST = ["test_speedrun.py", "test_engine.py", "test_distributed.py", "test_rl.py", "test_sft.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -348,6 +348,8 @@ def test_a_failed_compilation_says_to_turn_it_off(tiny_model_dir, tmp_path, monk
         return gm.forward
     monkeypatch.setattr(rl, "compile_layers", lambda model, setting, device: common.compile_layers(
         model, setting, device, backend=compiler_failing_on_layers))
+    # the same layer code compiled by an earlier test in this process must not stand in for this compiler
+    torch._dynamo.reset()
     # every episode has an advantage, whatever the rewards of a random model: the update runs its forwards
     monkeypatch.setattr(rl, "group_advantages", lambda rewards, *a: torch.tensor([(-1.0) ** i for i in range(len(rewards))]))
     with pytest.raises(SystemExit, match="torch.compile failed on the update's layers: run with --compile off"):
