@@ -180,20 +180,25 @@ T_SFT=$SECONDS
 
 RL_FROM="$OUT/sft"
 PUZZLE_RL=""
-if [ "$PUZZLE_STEPS" -gt 0 ]; then
+puzzle_stage() {  # the puzzle stage to PUZZLE_STEPS steps; $1: --resume or nothing, $2: how to write its log
   PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
-  stamp "3a. RL on puzzles ($PUZZLE_KINDS) from the SFT model"
-  python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
-  # PUZZLE_UNTIL: resumed 10 steps at a time until the stage has learnt its lesson (a resume goes on exactly where it stopped)
-  while [ "$PUZZLE_UNTIL" != "0" ] && [ "$PUZZLE_STEPS" -lt "$PUZZLE_MAX_STEPS" ] && ! python -c "
+  python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $1 | $2 "$OUT/rl_puzzles.log"
+}
+puzzle_learnt() {  # whether the solver's reward averages PUZZLE_UNTIL over the stage's last 10 steps
+  python -c "
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 last = [r['reward_optimal'] for r in rows if 'reward_optimal' in r][-10:]
-print(f'the block stage at step {rows[-1][\"step\"]}: solver reward {sum(last) / len(last):.3f} over its last {len(last)} steps (until $PUZZLE_UNTIL)')
-sys.exit(sum(last) / len(last) < float(sys.argv[2]))" "$OUT/rl_puzzles/metrics.jsonl" "$PUZZLE_UNTIL"; do
+print(f'the block stage at step {rows[-1][\"step\"]}: solver reward {sum(last) / len(last):.3f} over its last {len(last)} steps (until {sys.argv[2]})')
+sys.exit(sum(last) / len(last) < float(sys.argv[2]))" "$OUT/rl_puzzles/metrics.jsonl" "$PUZZLE_UNTIL"
+}
+if [ "$PUZZLE_STEPS" -gt 0 ]; then
+  stamp "3a. RL on puzzles ($PUZZLE_KINDS) from the SFT model"
+  puzzle_stage "$RESUME_FLAG" "$TEE"
+  # PUZZLE_UNTIL: resumed 10 steps at a time until the stage has learnt its lesson (a resume goes on exactly where it stopped)
+  while [ "$PUZZLE_UNTIL" != "0" ] && [ "$PUZZLE_STEPS" -lt "$PUZZLE_MAX_STEPS" ] && ! puzzle_learnt; do
     PUZZLE_STEPS=$((PUZZLE_STEPS + 10 < PUZZLE_MAX_STEPS ? PUZZLE_STEPS + 10 : PUZZLE_MAX_STEPS))
-    PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
-    python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" --resume | tee -a "$OUT/rl_puzzles.log"
+    puzzle_stage --resume "tee -a"
   done
   RL_FROM="$OUT/rl_puzzles"
 fi
