@@ -15,8 +15,8 @@
 #                            # 3x in the second stage (seeds 0, 1, 2: 5, 13 and 45 lost lines); EXPLOIT=5 adds the
 #                            # exploiter with exploration at its replays to the second stage (seed 0: 0 lost lines);
 #                            # POLISH_STEPS=75 runs them as a third stage instead (seeds 0, 1, 2: 0, 0 and 15 lost
-#                            # lines; seed 1 a master); WINS_STEPS=225 then runs it again from its best weights with
-#                            # win puzzles, where it left a lost line (seed 2: 1 lost line, no game lost)
+#                            # lines; seed 1 a master); WINS_STEPS=300 then runs it again from its best weights with
+#                            # win puzzles, where it left a lost line (seed 2: 0 lost lines, a master)
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
@@ -141,8 +141,8 @@ EXPLOIT=${EXPLOIT:-$EXPLOIT_DEFAULT}
 POLISH_STEPS=${POLISH_STEPS:-0}
 # WINS_STEPS > 0: a fourth stage, run only where the third stage's best certificate still loses a line: the third
 # stage again, from its best weights, with win puzzles (a line for X to complete now) among its puzzles. Seed 2's
-# third stage left 15 lost lines, most of its mistakes wins not taken; 225 steps of this took it to 1 (the same
-# win puzzles in the second stage, or as the third, made things worse: docs/RANDOM_TEACHER.md)
+# third stage left 15 lost lines, most of its mistakes wins not taken; this took it to 0 at step 285 of 300 (the
+# same win puzzles in the second stage, or as the third, made things worse: docs/RANDOM_TEACHER.md)
 WINS_STEPS=${WINS_STEPS:-0}
 if [ "$EXPLOIT" = "0" ]; then MAIN_EXPLORE=""; fi
 PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
