@@ -213,10 +213,13 @@ if [ "$PUZZLE_STEPS" -gt 0 ]; then
   RL_FROM="$OUT/rl_puzzles"
 fi
 
+rl_stage() {  # an RL stage: rl.py from model $1 with flags $2 and environment $3 into OUT/$4, its log OUT/$4.log
+  # an earlier run's best weights (--exploit's OUT/$4_best) must not stand in for this run's (a resumed run's are its own)
+  if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/$4_best"; fi
+  python rl.py --model "$1" $2 --env_args "$3" --out "$OUT/$4" $RESUME_FLAG | $TEE "$OUT/$4.log"
+}
 stamp "3. RL from $RL_FROM"
-# an earlier run's best weights must not stand in for this run's RL model (a resumed run's are its own)
-if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_best"; fi
-python rl.py --model "$RL_FROM" $RL_MAIN --env_args "$RL_ENV" --out "$OUT/rl" $RESUME_FLAG | $TEE "$OUT/rl.log"
+rl_stage "$RL_FROM" "$RL_MAIN" "$RL_ENV" rl
 RL_FINAL="rl"  # the RL stage whose best certificate's weights are the RL model
 POLISH_RL=""
 if [ "$POLISH_STEPS" -gt 0 ]; then
@@ -224,8 +227,7 @@ if [ "$POLISH_STEPS" -gt 0 ]; then
   POLISH_ENV="$RL_ENV"
   if [ -z "$MAIN_EXPLORE" ]; then POLISH_ENV="${RL_ENV%\}}$EXPLORE}"; fi
   stamp "3b. RL from $OUT/rl: the exploiter, exploring at its replays"
-  if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_polish_best"; fi
-  python rl.py --model "$OUT/rl" $POLISH_RL --env_args "$POLISH_ENV" --out "$OUT/rl_polish" $RESUME_FLAG | $TEE "$OUT/rl_polish.log"
+  rl_stage "$OUT/rl" "$POLISH_RL" "$POLISH_ENV" rl_polish
   RL_FINAL="rl_polish"
 fi
 WINS_RL=""
@@ -241,8 +243,7 @@ if [ "$WINS_STEPS" -gt 0 ] && third_stage_lost_a_line; then
   # "win" second among the kinds, as in the measured runs (a puzzle's kind is drawn by its place in the list)
   WINS_ENV="${POLISH_ENV/"[\"threat\", "/"[\"threat\", \"win\", "}"
   stamp "3c. RL from $OUT/rl_polish_best: the third stage again, win puzzles among its puzzles"
-  if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/rl_wins_best"; fi
-  python rl.py --model "$OUT/rl_polish_best" $WINS_RL --env_args "$WINS_ENV" --out "$OUT/rl_wins" $RESUME_FLAG | $TEE "$OUT/rl_wins.log"
+  rl_stage "$OUT/rl_polish_best" "$WINS_RL" "$WINS_ENV" rl_wins
   RL_FINAL="rl_wins"
 fi
 T_RL=$((SECONDS - T_SFT))
