@@ -5,7 +5,8 @@ Everything is offline and CPU-only: the model is a tiny random-init Llama built 
 tokenizer trained on scripted tic-tac-toe transcripts, ChatML template), saved with save_pretrained and loaded
 back with `common.load_model` -- the same code path as a hub model.
 
-Slow tests (throughput measurements) are marked `@pytest.mark.slow` and only run with `--runslow`.
+Slow tests (throughput measurements) are marked `@pytest.mark.slow` and only run with `--runslow` (so do the compiled
+updates of Qwen3.5 and Gemma 3, test_engine).
 """
 import os
 import shutil

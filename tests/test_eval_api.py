@@ -438,3 +438,33 @@ def test_certificate_lines_replay_as_examples():
             assert state["winner"] == "O"
     with pytest.raises(ValueError, match="not a free cell"):
         env.reset({"seed": 7, "random_move_prob": 0.0, "model_first": False, "replies": {"." * 9: 9}})
+
+
+def test_certificate_gives_the_exact_results_against_a_random_opponent():
+    """random_win/draw/loss_rate: each certificate line weighted by its probability under a uniformly random
+    opponent, who starts half the time; checked against a direct recursion over the boards."""
+    import env_tictactoe as ttt
+    env = common.load_env("tictactoe")
+    results = []
+    for pick in (lambda b: b.index("."), lambda b: ttt.free_cells(b)[-1], ttt.player_move):
+        policy = lambda episodes: [f"<think>x</think><move>{pick(ep['state']['board'])}</move>" for ep in episodes]
+        summary, _ = eval_mod.certify(env, policy, progress=False)
+
+        def x_moves(board):  # (win, draw, loss) probabilities from here, X (the policy) to move
+            board = ttt.play(board, pick(board), "X")
+            w = ttt.winner(board)
+            return (float(w == "X"), float(w == "draw"), 0.0) if w else o_moves(board)
+
+        def o_moves(board):  # the same, the random opponent to move
+            total = [0.0, 0.0, 0.0]
+            for cell in ttt.free_cells(board):
+                after = ttt.play(board, cell, "O")
+                w = ttt.winner(after)
+                result = (0.0, float(w == "draw"), float(w == "O")) if w else x_moves(after)
+                total = [t + r / len(ttt.free_cells(board)) for t, r in zip(total, result)]
+            return total
+        want = [(a + b) / 2 for a, b in zip(x_moves("." * 9), o_moves("." * 9))]
+        got = [summary[f"random_{k}_rate"] for k in ("win", "draw", "loss")]
+        assert got == pytest.approx(want, abs=1e-12) and sum(got) == pytest.approx(1.0)
+        results.append(got)
+    assert results[0][2] > 0.1 and results[2][2] == 0.0 and results[2][0] > 0.8  # weak players lose; minimax never

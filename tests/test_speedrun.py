@@ -56,9 +56,12 @@ def test_quick_speedrun(speedruns, teacher):
             assert s["n"] == 4 and abs(s["win_rate"] + s["draw_rate"] + s["loss_rate"] - 1) < 1e-9
         cert = results[who]["certificate"]
         assert cert["lines"] == cert["lines_won"] + cert["lines_drawn"] + cert["lines_lost"] > 0
+        assert abs(cert["random_win_rate"] + cert["random_draw_rate"] + cert["random_loss_rate"] - 1) < 1e-9
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
     assert ("| RL model (fourth stage step " if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
+    rl_cert = results["rl"]["certificate"]
+    assert f"| {rl_cert['random_win_rate']:.1%} / {rl_cert['random_loss_rate']:.1%} |" in report
     curves_line = next(line for line in report.splitlines() if line.startswith("Training curves:"))
     for stage in ("rl", "rl_polish", "rl_wins"):  # named only where drawn (matplotlib is optional)
         assert (f"{out}/{stage}/curves.png" in curves_line) == os.path.exists(os.path.join(out, stage, "curves.png"))
