@@ -152,6 +152,8 @@ PREFERENCE = (CENTRE, *CORNERS, *EDGES)
 
 
 PUZZLE_KINDS = ("block", "win", "threat", "opening", "second", "start")
+# how rl.py --exploit ranks certificates with as many lost lines (TicTacToe.exploit)
+EXPLOIT_RANKS = ("mistakes", "random_wins")
 RULES_PLAYERS = ("rules", "rules_wins", "rules_then")  # the warm-up teachers that know only the format and the rules
 SCRIPTED_PLAYERS = ("random", "minimax", *RULES_PLAYERS)
 
@@ -338,7 +340,8 @@ class TicTacToe:
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                  loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                 missed_win_penalty=0.0, show_wins=False, replay_explore=None, opponent=None):
+                 missed_win_penalty=0.0, show_wins=False, replay_explore=None, exploit_rank="mistakes",
+                 opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -358,6 +361,7 @@ class TicTacToe:
                 ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
                 ("replay_explore", replay_explore, replay_explore in (None, *SCRIPTED_PLAYERS),
                  "null or a scripted player: " + ", ".join(map(repr, SCRIPTED_PLAYERS))),
+                ("exploit_rank", exploit_rank, exploit_rank in EXPLOIT_RANKS, " or ".join(map(repr, EXPLOIT_RANKS))),
                 ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
                 ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
@@ -372,6 +376,7 @@ class TicTacToe:
         self.invalid_penalty, self.opening = invalid_penalty, opening
         self.show_cells, self.show_wins = show_cells, show_wins
         self.opening_player, self.replay_from, self.replay_explore = opening_player, replay_from, replay_explore
+        self.exploit_rank = exploit_rank
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
         self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
         self.missed_win_penalty = missed_win_penalty
@@ -525,7 +530,8 @@ class TicTacToe:
     # --- rl.py --exploit's hook
     def exploit(self, policy):
         """Certify the greedy `policy` against every opponent line (eval.certify) and return (summary, rank, examples):
-        the certificate's numbers, its rank (lost lines, then mistaken decisions; lower is better), and for each
+        the certificate's numbers, its rank (lower is better: lost lines, then by exploit_rank mistaken decisions or
+        the exact win rate against the random opponent, higher first), and for each
         mistake, the worst first (an invalid move counts as a loss), the example fields that replay its line, from
         the empty board or (replay_from="mistake") from the position of the mistake, the optimal opponent playing
         after it."""
@@ -536,7 +542,8 @@ class TicTacToe:
         explore = lambda m: {"explore": m["board"]} if self.replay_explore else {}
         replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0, **position(m), **explore(m)}
                    for m in mistakes]
-        return summary, (summary["lines_lost"], summary["mistakes"]), replays
+        then = summary["mistakes"] if self.exploit_rank == "mistakes" else -summary["random_win_rate"]
+        return summary, (summary["lines_lost"], then), replays
 
     def forced_reply(self, state, rollout):
         """sample.rollout's exploration hook (replay_explore): at a replayed mistake's position (the example's
@@ -586,7 +593,8 @@ class TicTacToe:
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                      loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                     missed_win_penalty=0.0, show_wins=False, replay_explore=None, opponent=None):
+                     missed_win_penalty=0.0, show_wins=False, replay_explore=None, exploit_rank="mistakes",
+                     opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -625,9 +633,11 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     replay_explore: a scripted player's name (the SFT teacher's, whose words the model writes): at the position of
     each mistake that rl.py --exploit replays, every other rollout of the group plays a free cell in the policy's
     place, in that player's words (`forced_reply`), so the group compares the mistake with moves the policy is too
-    sure of to sample; null: off; opponent: a
+    sure of to sample; null: off; exploit_rank: how rl.py --exploit ranks two certificates with as many lost lines,
+    "mistakes" (fewer mistaken decisions) or "random_wins" (a higher exact win rate against the random opponent:
+    among policies that never lose, the one that wins most against a weak one); opponent: a
     function state -> cell that replaces the seeded opponent (not from --env_args: sample.py --play and tests pass
     one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
-                     missed_win_penalty, show_wins, replay_explore, opponent)
+                     missed_win_penalty, show_wins, replay_explore, exploit_rank, opponent)

@@ -715,6 +715,27 @@ def test_certificate_and_evaluation_ignore_puzzles():
     assert all(opts["puzzles"] == 0.0 for opts in ttt.EVAL_SETTINGS.values())
 
 
+def test_exploit_rank_random_wins_prefers_the_policy_that_wins_more_against_a_weak_opponent():
+    """exploit_rank="random_wins": of two policies that never lose, the one that wins more against the random
+    opponent ranks first, whatever their mistaken decisions; lost lines still rank before anything."""
+    def player(pick):
+        return lambda episodes: [f"<think>a</think><move>{pick(ep['state']['board'])}</move>" for ep in episodes]
+    minimax = player(ttt.player_move)  # never loses, wins what it can
+    # never loses either, but it plays the first value-keeping cell, so it sets fewer traps for a weak opponent
+    plain = player(lambda board: ttt.best_moves(board, "X")[0])
+    first_free = player(lambda board: board.index("."))  # loses lines
+    ranks = {}
+    for rank in ttt.EXPLOIT_RANKS:
+        env = ttt.load_environment(exploit_rank=rank)
+        ranks[rank] = {name: env.exploit(p)[1] for name, p in (("minimax", minimax), ("plain", plain), ("first", first_free))}
+    by_mistakes, by_wins = ranks["mistakes"], ranks["random_wins"]
+    assert by_mistakes["minimax"] == by_mistakes["plain"] == (0, 0) and by_mistakes["first"][0] > 0
+    assert by_wins["minimax"] < by_wins["plain"] < by_wins["first"]
+    assert by_wins["minimax"][0] == by_wins["plain"][0] == 0 and -1 < by_wins["minimax"][1] < by_wins["plain"][1] < 0
+    with pytest.raises(ValueError, match="exploit_rank"):
+        ttt.load_environment(exploit_rank="wins")
+
+
 @pytest.mark.parametrize("first", [True, False])
 def test_exploit_replays_from_the_mistake_start_at_its_position(first):
     """replay_from="mistake": each of the exploit hook's replays starts at the board where the policy erred, X to
