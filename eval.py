@@ -219,8 +219,7 @@ def certify(env, policy, out=None, progress=True):
 # ----------------------------------------------------------------------------- the speedrun's report
 
 
-def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args="",
-                 random_args=""):
+def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args=""):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
     {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
     probability teacher_p, or a rules teacher) and the other arguments name the run's recipe."""
@@ -231,7 +230,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)} if times else None
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
     # the RL stages' directories; the last gives the RL model
-    stages = ["rl"] + (["rl_polish"] if polish_args else []) + (["rl_wins"] if wins_args else []) + (["rl_random"] if random_args else [])
+    stages = ["rl"] + (["rl_polish"] if polish_args else []) + (["rl_wins"] if wins_args else [])
     best = os.path.join(out, stages[-1] + "_best", "certificate.json")
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
     with open(os.path.join(out, "results.json"), "w") as f:
@@ -240,7 +239,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     teacher_flags = f"--teacher minimax --teacher_random_prob {teacher_p}" if teacher == "minimax" else f"--teacher {teacher}"
     name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
                        f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
-            "rl": "RL model" + (f" ({dict(rl='', rl_polish='third stage ', rl_wins='fourth stage ', rl_random='random-wins stage ')[stages[-1]]}step {res['rl_step']}: the best certificate)"
+            "rl": "RL model" + (f" ({dict(rl='', rl_polish='third stage ', rl_wins='fourth stage ')[stages[-1]]}step {res['rl_step']}: the best certificate)"
                                 if res["rl_step"] is not None else "")}
     rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
     for w in ("teacher", "sft", "rl"):
@@ -290,7 +289,7 @@ probability (the games above sample them, 200 to about 2 points).
 ## Commands
     python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
 {f"    python rl.py --model {out}/sft {puzzle_args} --out {out}/rl_puzzles{nl}" if puzzle_args else ""}    python rl.py --model {out}/{"rl_puzzles" if puzzle_args else "sft"} {rl_args} --out {out}/rl
-{f"    python rl.py --model {out}/rl {polish_args} --out {out}/rl_polish{nl}" if polish_args else ""}{f"    python rl.py --model {out}/rl_polish_best {wins_args} --out {out}/rl_wins{nl}" if wins_args else ""}{f"    python rl.py --model {out}/{stages[-2]}_best {random_args} --out {out}/rl_random{nl}" if random_args else ""}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
+{f"    python rl.py --model {out}/rl {polish_args} --out {out}/rl_polish{nl}" if polish_args else ""}{f"    python rl.py --model {out}/rl_polish_best {wins_args} --out {out}/rl_wins{nl}" if wins_args else ""}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {", ".join(curves) if curves else "none drawn (matplotlib is not installed); the metrics: " + metrics}
 """
@@ -346,14 +345,12 @@ def main():
     p.add_argument("--polish_args", default="", help="--report: the flags of an RL stage after it (speedrun.sh POLISH_STEPS), if any")
     p.add_argument("--wins_args", default="", help="--report: the flags of a fourth RL stage from the third's best weights "
                    "(speedrun.sh WINS_STEPS), if any")
-    p.add_argument("--random_args", default="", help="--report: the flags of a last RL stage from the best weights before it, "
-                   "ranked by wins against the random opponent (speedrun.sh RANDOM_STEPS), if any")
     args = p.parse_args()
     check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
                        "show": (at_least(0), ">= 0"), "out": (lambda d: d is None or can_write(d), "a directory you can write")})
     if args.report:
         return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args, args.env_args,
-                            args.puzzle_args, args.polish_args, args.wins_args, args.random_args)
+                            args.puzzle_args, args.polish_args, args.wins_args)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))

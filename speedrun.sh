@@ -3,7 +3,7 @@
 #
 #   bash speedrun.sh              # the full run: scratch model -> SFT on an imperfect teacher -> RL -> eval + certificate
 #   QUICK=1 bash speedrun.sh      # a ~2-minute version of the same pipeline (the test suite runs it)
-#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, PUZZLE_UNTIL, EXPLOIT, POLISH_STEPS, WINS_STEPS, RANDOM_STEPS, RANDOM_WIN, N_EVAL, RL_FLAGS
+#   SFT_STEPS=2200 RL_STEPS=100 OUT=out/long bash speedrun.sh   # settings: OUT, SEED, TEACHER, TEACHER_P, SHOW_CELLS, SHOW_WINS, OPENING, SFT_STEPS, RL_STEPS, PUZZLE_STEPS, PUZZLE_UNTIL, EXPLOIT, POLISH_STEPS, WINS_STEPS, N_EVAL, RL_FLAGS
 #   RESUME=1 ...                  # after a crash or a stop: the same settings again, each stage going on from its last checkpoint in OUT
 #   TEACHER=rules OUT=out/speedrun_rules bash speedrun.sh   # SFT on a teacher that knows only the format and the rules; RL learns the play
 #   TEACHER=rules_wins ...   # the same random teacher, its <think> also stating where each side could complete a line;
@@ -144,20 +144,10 @@ POLISH_STEPS=${POLISH_STEPS:-0}
 # third stage left 15 lost lines, most of its mistakes wins not taken; this took it to 0 at step 285 of 300 (the
 # same win puzzles in the second stage, or as the third, made things worse: docs/RANDOM_TEACHER.md)
 WINS_STEPS=${WINS_STEPS:-0}
-# RANDOM_STEPS > 0: a last stage, run only where the RL model so far (the third or fourth stage's best) wins less
-# than RANDOM_WIN of its games against the random opponent, exactly (its certificate's random_win_rate): that stage
-# again from those weights, its exploiter keeping the weights with the fewest lost lines and then the most wins
-# against the random opponent (exploit_rank random_wins); its step 0 is its start, so it ends no worse by that rank
-RANDOM_STEPS=${RANDOM_STEPS:-0}
-RANDOM_WIN=${RANDOM_WIN:-0.9}
 if [ "$EXPLOIT" = "0" ]; then MAIN_EXPLORE=""; fi
 PUZZLE_STEPS=${PUZZLE_STEPS:-$PUZZLE_STEPS_DEFAULT}
 if [ "$WINS_STEPS" -gt 0 ] && { [ "$POLISH_STEPS" -eq 0 ] || [ "$PUZZLE_STEPS" -eq 0 ]; }; then
   echo "WINS_STEPS=$WINS_STEPS: the fourth stage needs a third (POLISH_STEPS > 0) and puzzles (TEACHER=rules_wins or rules_then)" >&2
-  exit 2
-fi
-if [ "$RANDOM_STEPS" -gt 0 ] && [ "$POLISH_STEPS" -eq 0 ]; then
-  echo "RANDOM_STEPS=$RANDOM_STEPS: the last stage goes on from the third (POLISH_STEPS > 0)" >&2
   exit 2
 fi
 PUZZLE_UNTIL=${PUZZLE_UNTIL:-$PUZZLE_UNTIL_DEFAULT}
@@ -238,7 +228,7 @@ if [ "$POLISH_STEPS" -gt 0 ]; then
   if [ -z "$MAIN_EXPLORE" ]; then POLISH_ENV="${RL_ENV%\}}$EXPLORE}"; fi
   stamp "3b. RL from $OUT/rl: the exploiter, exploring at its replays"
   rl_stage "$OUT/rl" "$POLISH_RL" "$POLISH_ENV" rl_polish
-  RL_FINAL="rl_polish"; FINAL_ENV="$POLISH_ENV"
+  RL_FINAL="rl_polish"
 fi
 WINS_RL=""
 third_stage_lost_a_line() {  # whether the third stage's best certificate loses a line
@@ -254,23 +244,7 @@ if [ "$WINS_STEPS" -gt 0 ] && third_stage_lost_a_line; then
   WINS_ENV="${POLISH_ENV/"[\"threat\", "/"[\"threat\", \"win\", "}"
   stamp "3c. RL from $OUT/rl_polish_best: the third stage again, win puzzles among its puzzles"
   rl_stage "$OUT/rl_polish_best" "$WINS_RL" "$WINS_ENV" rl_wins
-  RL_FINAL="rl_wins"; FINAL_ENV="$WINS_ENV"
-fi
-RANDOM_RL=""
-wins_too_few() {  # whether the RL model so far wins less than RANDOM_WIN against the random opponent, exactly
-  python -c "
-import json, sys
-rate = json.load(open(sys.argv[1]))['random_win_rate']
-print(f'{sys.argv[1]}: {rate:.1%} won against the random opponent, exactly (RANDOM_WIN={sys.argv[2]})')
-sys.exit(rate >= float(sys.argv[2]))" "$OUT/${RL_FINAL}_best/certificate.json" "$RANDOM_WIN"
-}
-if [ "$RANDOM_STEPS" -gt 0 ] && wins_too_few; then
-  RANDOM_FROM="${RL_FINAL}_best"
-  RANDOM_RL="$RL_MAIN --steps $RANDOM_STEPS --exploit 5"
-  RANDOM_ENV="${FINAL_ENV%\}}, \"exploit_rank\": \"random_wins\"}"
-  stamp "3d. RL from $OUT/$RANDOM_FROM: that stage again, its best the most wins against the random opponent"
-  rl_stage "$OUT/$RANDOM_FROM" "$RANDOM_RL" "$RANDOM_ENV" rl_random
-  RL_FINAL="rl_random"
+  RL_FINAL="rl_wins"
 fi
 T_RL=$((SECONDS - T_SFT))
 
@@ -289,5 +263,5 @@ stamp "5. report"
 python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL_MAIN --env_args '$RL_ENV'" --env_args "$ENV" \
   ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"} ${POLISH_RL:+--polish_args "$POLISH_RL --env_args '$POLISH_ENV'"} \
-  ${WINS_RL:+--wins_args "$WINS_RL --env_args '$WINS_ENV'"} ${RANDOM_RL:+--random_args "$RANDOM_RL --env_args '$RANDOM_ENV'"}
+  ${WINS_RL:+--wins_args "$WINS_RL --env_args '$WINS_ENV'"}
 stamp "done: $OUT/report.md"

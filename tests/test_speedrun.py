@@ -21,14 +21,12 @@ def speedruns(tmp_path_factory):
     started = {}
     for teacher in TEACHERS:
         out = str(tmp_path_factory.mktemp(teacher) / "run")
-        # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules_wins run passes one, and a third, a fourth and a last stage)
+        # RL_FLAGS: extra rl.py flags, which win over the recipe's (the rules_wins run passes one, and a third and fourth stage)
         rl_flags = "--loss_agg sequence" if teacher == "rules_wins" else ""
         env = {**os.environ, "QUICK": "1", "OUT": out, "OMP_NUM_THREADS": "1", "TEACHER": teacher, "RL_FLAGS": rl_flags,
                "POLISH_STEPS": "2" if teacher == "rules_wins" else "0",
                # and a fourth stage, which runs where the third's best certificate loses a line (this tiny model's does)
                "WINS_STEPS": "2" if teacher == "rules_wins" else "0",
-               # and a last one, which runs where the RL model so far wins less than 90% against the random opponent
-               "RANDOM_STEPS": "2" if teacher == "rules_wins" else "0",
                # a block stage that goes on until its solver reward averages 0.99: this tiny model's never does, so
                # it runs its 2 quick steps, then is resumed to the quick maximum, 4
                "PUZZLE_UNTIL": "0.99" if teacher == "rules_wins" else "0"}
@@ -61,11 +59,11 @@ def test_quick_speedrun(speedruns, teacher):
         assert abs(cert["random_win_rate"] + cert["random_draw_rate"] + cert["random_loss_rate"] - 1) < 1e-9
     assert results["teacher"]["certificate"]["lines_lost"] > 0  # the imperfect teacher loses some line
     report = open(os.path.join(out, "report.md")).read()
-    assert ("| RL model (random-wins stage step " if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
+    assert ("| RL model (fourth stage step " if teacher == "rules_wins" else "| RL model (step ") in report and "Certificate" in report and "| mistaken decisions |" in report
     rl_cert = results["rl"]["certificate"]
     assert f"| {rl_cert['random_win_rate']:.1%} / {rl_cert['random_loss_rate']:.1%} |" in report
     curves_line = next(line for line in report.splitlines() if line.startswith("Training curves:"))
-    for stage in ("rl", "rl_polish", "rl_wins", "rl_random"):  # named only where drawn (matplotlib is optional)
+    for stage in ("rl", "rl_polish", "rl_wins"):  # named only where drawn (matplotlib is optional)
         assert (f"{out}/{stage}/curves.png" in curves_line) == os.path.exists(os.path.join(out, stage, "curves.png"))
     keep = "not_lost" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
     assert "--certify -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
@@ -104,18 +102,11 @@ def test_quick_speedrun(speedruns, teacher):
         wins = json.load(open(os.path.join(out, "rl_wins", "rl_args.json")))
         assert wins["model"] == os.path.join(out, "rl_polish_best") and wins["exploit"] == 5 and wins["steps"] == 2
         assert json.loads(wins["env_args"]) == {**json.loads(polish["env_args"]), "puzzle_kind": ["threat", "win", "opening"]}
+        best = json.load(open(os.path.join(out, "rl_wins_best", "certificate.json")))
+        assert results["rl_step"] == best["step"] in (0, 2) and results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
+        assert json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["model"] == os.path.join(out, "rl_wins_best")
         assert f"python rl.py --model {out}/rl " in report and f"--out {out}/rl_polish" in report
-        assert f"python rl.py --model {out}/rl_polish_best " in report and f"--out {out}/rl_wins\n" in report
-        # the last stage (RANDOM_STEPS): the fourth again from its best weights, ranked by wins against the random
-        # opponent; its best weights are the RL model
-        assert f"{out}/rl_wins_best/certificate.json: " in output and "won against the random opponent, exactly (RANDOM_WIN=0.9)" in output
-        last = json.load(open(os.path.join(out, "rl_random", "rl_args.json")))
-        assert last["model"] == os.path.join(out, "rl_wins_best") and last["exploit"] == 5 and last["steps"] == 2
-        assert json.loads(last["env_args"]) == {**json.loads(wins["env_args"]), "exploit_rank": "random_wins"}
-        best = json.load(open(os.path.join(out, "rl_random_best", "certificate.json")))
-        assert results["rl_step"] == best["step"] in (0, 2) and results["rl"]["certificate"]["random_win_rate"] == best["random_win_rate"]
-        assert json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["model"] == os.path.join(out, "rl_random_best")
-        assert f"python rl.py --model {out}/rl_wins_best " in report and f"--out {out}/rl_random" in report
+        assert f"python rl.py --model {out}/rl_polish_best " in report and f"--out {out}/rl_wins" in report
         return
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
@@ -126,8 +117,7 @@ def test_quick_speedrun(speedruns, teacher):
 @pytest.mark.parametrize("setting, value, says", [("TEACHER", "random", "use minimax, rules, rules_wins or rules_then"),
                                                   ("SHOW_WINS", "yes", "use true or false"),
                                                   # the default teacher has no puzzles and no third stage is asked for
-                                                  ("WINS_STEPS", "2", "the fourth stage needs a third (POLISH_STEPS > 0)"),
-                                                  ("RANDOM_STEPS", "2", "the last stage goes on from the third (POLISH_STEPS > 0)")])
+                                                  ("WINS_STEPS", "2", "the fourth stage needs a third (POLISH_STEPS > 0)")])
 def test_a_bad_setting_stops_the_speedrun_before_any_stage(tmp_path, setting, value, says):
     out = tmp_path / "run"
     env = {**os.environ, "QUICK": "1", "OUT": str(out), setting: value}
