@@ -229,9 +229,13 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
     res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)} if times else None
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
-    # the RL stages' directories; the last gives the RL model
-    stages = ["rl"] + (["rl_polish"] if polish_args else []) + (["rl_wins"] if wins_args else [])
-    best = os.path.join(out, stages[-1] + "_best", "certificate.json")
+    # the RL stages speedrun.sh ran, in order: (directory, the model it starts from, its flags, its name); the last
+    # gives the RL model, its best certificate's weights
+    stages = [stage for stage in (("rl_puzzles", "sft", puzzle_args, "puzzle stage "),
+                                  ("rl", "rl_puzzles" if puzzle_args else "sft", rl_args, ""),
+                                  ("rl_polish", "rl", polish_args, "third stage "),
+                                  ("rl_wins", "rl_polish_best", wins_args, "fourth stage ")) if stage[0] == "rl" or stage[2]]
+    best = os.path.join(out, stages[-1][0] + "_best", "certificate.json")
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -239,7 +243,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     teacher_flags = f"--teacher minimax --teacher_random_prob {teacher_p}" if teacher == "minimax" else f"--teacher {teacher}"
     name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
                        f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
-            "rl": "RL model" + (f" ({dict(rl='', rl_polish='third stage ', rl_wins='fourth stage ')[stages[-1]]}step {res['rl_step']}: the best certificate)"
+            "rl": "RL model" + (f" ({stages[-1][3]}step {res['rl_step']}: the best certificate)"
                                 if res["rl_step"] is not None else "")}
     rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
     for w in ("teacher", "sft", "rl"):
@@ -264,8 +268,9 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
               if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
     nl = "\n"
-    curves = [f"{out}/{d}/curves.png" for d in stages if os.path.exists(os.path.join(out, d, "curves.png"))]
-    metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d in stages)
+    curves = [f"{out}/{d}/curves.png" for d, *_ in stages if os.path.exists(os.path.join(out, d, "curves.png"))]
+    metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d, *_ in stages)
+    rl_commands = "".join(f"    python rl.py --model {out}/{start} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
     report = f"""# speedrun report
 
 Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
@@ -288,8 +293,7 @@ probability (the games above sample them, 200 to about 2 points).
 
 ## Commands
     python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
-{f"    python rl.py --model {out}/sft {puzzle_args} --out {out}/rl_puzzles{nl}" if puzzle_args else ""}    python rl.py --model {out}/{"rl_puzzles" if puzzle_args else "sft"} {rl_args} --out {out}/rl
-{f"    python rl.py --model {out}/rl {polish_args} --out {out}/rl_polish{nl}" if polish_args else ""}{f"    python rl.py --model {out}/rl_polish_best {wins_args} --out {out}/rl_wins{nl}" if wins_args else ""}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
+{rl_commands}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {", ".join(curves) if curves else "none drawn (matplotlib is not installed); the metrics: " + metrics}
 """

@@ -63,7 +63,7 @@ def test_quick_speedrun(speedruns, teacher):
     rl_cert = results["rl"]["certificate"]
     assert f"| {rl_cert['random_win_rate']:.1%} / {rl_cert['random_loss_rate']:.1%} |" in report
     curves_line = next(line for line in report.splitlines() if line.startswith("Training curves:"))
-    for stage in ("rl", "rl_polish", "rl_wins"):  # named only where drawn (matplotlib is optional)
+    for stage in ("rl_puzzles", "rl", "rl_polish", "rl_wins"):  # named only where drawn (matplotlib is optional)
         assert (f"{out}/{stage}/curves.png" in curves_line) == os.path.exists(os.path.join(out, stage, "curves.png"))
     keep = "not_lost" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
     assert "--certify -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
