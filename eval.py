@@ -219,6 +219,77 @@ def certify(env, policy, out=None, progress=True):
 # ----------------------------------------------------------------------------- the speedrun's report
 
 
+def stages_on_one_axis(stages):
+    """The metrics rows of [(name, metrics.jsonl)], each stage's steps shifted to start where the one before ended
+    (its last step: the next stage starts from weights of that run), and [(first step, name)] of the stages found."""
+    rows, starts, offset = [], [], 0
+    for name, path in stages:
+        stage = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        if stage:
+            rows += [{**r, "step": r["step"] + offset} for r in stage]
+            starts.append((offset, name))
+            offset += max(r["step"] for r in stage)
+    return rows, starts
+
+
+def plot_curves(stages, png):
+    """Training curves as a PNG, when matplotlib is installed (no run needs it); returns whether drawn. stages:
+    [(name, metrics.jsonl of an rl.py run)], drawn one after another on one step axis, each from its step 0 (rl.py:
+    its own run; the speedrun's report: its RL stages, their starts dotted and named). Panels: the training episodes'
+    numbers, the greedy evaluations, and --exploit's certificates (lost lines and mistakes on a symlog axis; the
+    optimal-move share and the exact win rate against the random opponent)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows, starts = stages_on_one_axis(stages)
+    train = [r for r in rows if "reward" in r]
+    evals = [r for r in rows if any(k.startswith("eval_") for k in r)]
+    cert = [r for r in rows if "certify_lines_lost" in r]
+    keys = [k for k in ("reward", "win", "loss", "invalid", "format", "reward_optimal", "entropy", "reply_len", "grad_norm")
+            if any(k in r for r in train)]
+    n_panels = len(keys) + 1 + 2 * bool(cert)
+    n_rows = (n_panels + 3) // 4
+    fig, axes = plt.subplots(n_rows, 4, figsize=(16, 3 * n_rows), squeeze=False)
+    axes = axes.flatten()
+    for ax, k in zip(axes, keys):
+        pts = [(r["step"], r[k]) for r in train if k in r]
+        ax.plot(*zip(*pts), linewidth=0.8)
+        ax.set_title(k)
+    ax = axes[len(keys)]
+    for k in sorted({k for r in evals for k in r if k.endswith(("win_rate", "loss_rate")) and k.startswith("eval_")}):
+        ax.plot(*zip(*[(r["step"], r[k]) for r in evals if k in r]), marker="o", label=k[5:])
+    ax.set_title("greedy evaluation")
+    if evals:
+        ax.legend(fontsize=7)
+    cert_panels = (("certificate (greedy, every opponent line)", ("lines_lost", "mistakes")),
+                   ("certificate: optimal moves, exact wins vs random", ("optimal_move_rate", "random_win_rate")))
+    for ax, (title, panel) in zip(axes[len(keys) + 1:] if cert else [], cert_panels):
+        for k in panel:
+            pts = [(r["step"], r[f"certify_{k}"]) for r in cert if f"certify_{k}" in r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=k)
+        ax.set_title(title, fontsize=9)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    if cert:  # lost lines fall from hundreds to 0: a symlog axis shows both
+        axes[len(keys) + 1].set_yscale("symlog", linthresh=1)
+    for ax in axes[:n_panels]:
+        ax.set_xlabel("step")
+        for x, _ in starts[1:]:
+            ax.axvline(x, color="grey", linewidth=0.6, linestyle=":")
+    if len(starts) > 1:
+        fig.suptitle("stages (dotted lines), from step: " + ", ".join(f"{name} {x}" for x, name in starts), fontsize=10)
+    for ax in axes[n_panels:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+    return True
+
+
 def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args=""):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
     {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
@@ -268,7 +339,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
               if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
     nl = "\n"
-    curves = [f"{out}/{d}/curves.png" for d, *_ in stages if os.path.exists(os.path.join(out, d, "curves.png"))]
+    drawn = plot_curves([(d, os.path.join(out, d, "metrics.jsonl")) for d, *_ in stages], os.path.join(out, "curves.png"))
     metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d, *_ in stages)
     rl_commands = "".join(f"    python rl.py --model {out}/{start} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
     report = f"""# speedrun report
@@ -295,7 +366,7 @@ probability (the games above sample them, 200 to about 2 points).
     python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
 {rl_commands}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
-Training curves: {", ".join(curves) if curves else "none drawn (matplotlib is not installed); the metrics: " + metrics}
+Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn else "none drawn (matplotlib is not installed)"}; the metrics: {metrics}
 """
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report)

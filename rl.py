@@ -68,7 +68,7 @@ import time
 
 import torch
 
-from eval import evaluate_standard
+from eval import evaluate_standard, plot_curves
 from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, check_ranks_agree, checkpoint_to_resume,
                     compile_layers, compiled_layers, disk_full_says_what_is_kept, enable_grad_ckpt, finish_save,
                     from_rank0, gather_from_ranks, load_env, load_model, log_eval, log_line, lr_at, non_negative,
@@ -279,44 +279,6 @@ def batch_metrics(records, env):
     return out
 
 
-def plot(metrics_path, png):
-    """Training curves as a PNG, when matplotlib is installed (the run never needs it)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    rows = [json.loads(line) for line in open(metrics_path)]
-    train = [r for r in rows if "reward" in r]
-    evals = [r for r in rows if any(k.startswith("eval_") for k in r)]
-    keys = [k for k in ("reward", "win", "loss", "invalid", "format", "entropy", "reply_len", "grad_norm") if train and k in train[0]]
-    fig, axes = plt.subplots(2, (len(keys) + 2) // 2, figsize=(4 * ((len(keys) + 2) // 2), 6))
-    axes = axes.flatten()
-    for ax, k in zip(axes, keys):
-        ax.plot([r["step"] for r in train], [r[k] for r in train])
-        ax.set_title(k)
-    ax = axes[len(keys)]
-    for k in sorted({k for r in evals for k in r if k.endswith(("win_rate", "loss_rate", "reward_mean")) and k.startswith("eval_")}):
-        pts = [(r["step"], r[k]) for r in evals if k in r]
-        ax.plot(*zip(*pts), marker="o", label=k[5:])
-    ax.set_title("greedy evaluation")
-    if evals:
-        ax.legend(fontsize=7)
-    cert = [r for r in rows if "certify_lines_lost" in r]  # --exploit's certificates
-    if cert and len(axes) > len(keys) + 1:
-        ax = axes[len(keys) + 1]
-        for k in ("lines_lost", "mistakes"):
-            ax.plot([r["step"] for r in cert], [r[f"certify_{k}"] for r in cert], marker="o", label=k)
-        ax.set_title("certificate (greedy, every opponent line)")
-        ax.legend(fontsize=7)
-    for ax in axes:
-        ax.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
-
-
 # ----------------------------------------------------------------------------- 5. the loop
 
 
@@ -428,7 +390,7 @@ def main():
         save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state(),
                                                    "exploit_lines": replays, "exploit_step": replays_step, "exploit_best": best},
                         {"rl_args.json": vars(args)})
-        plot(os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "curves.png"))
+        plot_curves([("", os.path.join(args.out, "metrics.jsonl"))], os.path.join(args.out, "curves.png"))
 
     best_dir = args.out.rstrip("/") + "_best"  # --exploit: the weights of the best certificate
     if resume and rank == 0:

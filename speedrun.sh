@@ -25,7 +25,7 @@
 # 4. eval.py: teacher, SFT and RL model, greedy, from the empty board, against the optimal and the random
 # opponent, and the certificate (every opponent line), the RL model being the weights of the exploiter's best
 # certificate (OUT/rl_best); 5. OUT/report.md,
-# OUT/results.json and OUT/rl/curves.png.
+# OUT/results.json and OUT/curves.png (every RL stage, when matplotlib is installed).
 set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/speedrun}

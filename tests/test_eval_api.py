@@ -468,3 +468,20 @@ def test_certificate_gives_the_exact_results_against_a_random_opponent():
         assert got == pytest.approx(want, abs=1e-12) and sum(got) == pytest.approx(1.0)
         results.append(got)
     assert results[0][2] > 0.1 and results[2][2] == 0.0 and results[2][0] > 0.8  # weak players lose; minimax never
+
+
+def test_report_curves_put_the_stages_on_one_step_axis(tmp_path):
+    """The speedrun report's curves draw its RL stages one after another: each stage's steps continue from the last
+    step of the one before (a stage with no metrics file is left out), and with matplotlib a PNG is written."""
+    for name, steps in (("rl", [0, 1, 2, 3]), ("rl_polish", [0, 5, 10])):
+        os.makedirs(tmp_path / name)
+        with open(tmp_path / name / "metrics.jsonl", "w") as f:
+            for s in steps:
+                f.write(json.dumps({"step": s, "reward": float(s), "certify_lines_lost": 10 - s}) + "\n")
+    stages = [(d, str(tmp_path / d / "metrics.jsonl")) for d in ("rl_puzzles", "rl", "rl_polish")]
+    rows, starts = eval_mod.stages_on_one_axis(stages)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 3, 8, 13]
+    assert [r["reward"] for r in rows] == [0, 1, 2, 3, 0, 5, 10]  # the rows themselves unchanged
+    assert starts == [(0, "rl"), (3, "rl_polish")]
+    pytest.importorskip("matplotlib")
+    assert eval_mod.plot_curves(stages, str(tmp_path / "curves.png")) and os.path.getsize(tmp_path / "curves.png") > 0

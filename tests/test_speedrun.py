@@ -1,4 +1,5 @@
 """A shortened speedrun (QUICK=1): the whole pipeline scratch -> SFT -> RL -> eval + certificate -> report."""
+import importlib.util
 import json
 import os
 import signal
@@ -63,8 +64,11 @@ def test_quick_speedrun(speedruns, teacher):
     rl_cert = results["rl"]["certificate"]
     assert f"| {rl_cert['random_win_rate']:.1%} / {rl_cert['random_loss_rate']:.1%} |" in report
     curves_line = next(line for line in report.splitlines() if line.startswith("Training curves:"))
-    for stage in ("rl_puzzles", "rl", "rl_polish", "rl_wins"):  # named only where drawn (matplotlib is optional)
-        assert (f"{out}/{stage}/curves.png" in curves_line) == os.path.exists(os.path.join(out, stage, "curves.png"))
+    # one figure of every RL stage, named only where drawn (matplotlib is optional); every stage's metrics named
+    assert (f"{out}/curves.png" in curves_line) == os.path.exists(os.path.join(out, "curves.png"))
+    assert os.path.exists(os.path.join(out, "curves.png")) == (importlib.util.find_spec("matplotlib") is not None)
+    for stage in ("rl_puzzles", "rl", "rl_polish", "rl_wins"):
+        assert (f"{out}/{stage}/metrics.jsonl" in curves_line) == os.path.exists(os.path.join(out, stage, "metrics.jsonl"))
     keep = "not_lost" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
     assert "--certify -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
     assert f"python sft.py --model scratch --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
