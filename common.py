@@ -222,8 +222,8 @@ def enable_grad_ckpt(model, setting, device):
     GPU); returns whether it is on."""
     big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS
     on = setting == "on" or (setting == "auto" and device.startswith("cuda") and big)
-    if on:
-        model.gradient_checkpointing_enable()
+    if on:  # transformers 5.2x renamed gradient_checkpointing_enable; 5.17 has only the old name
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     return on
 
 

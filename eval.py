@@ -262,7 +262,7 @@ def plot_curves(stages, png):
     for k in sorted({k for r in evals for k in r if k.endswith(("win_rate", "loss_rate")) and k.startswith("eval_")}):
         ax.plot(*zip(*[(r["step"], r[k]) for r in evals if k in r]), marker="o", label=k[5:])
     ax.set_title("greedy evaluation")
-    if evals:
+    if ax.lines:
         ax.legend(fontsize=7)
     cert_panels = (("certificate (greedy, every opponent line)", ("lines_lost", "mistakes")),
                    ("certificate: optimal moves, exact wins vs random", ("optimal_move_rate", "random_win_rate")))

@@ -127,7 +127,7 @@ def test_compiled_update_gives_eager_gradients(arch, request):
     if name in ("qwen3_5", "gemma3") and not request.config.getoption("--runslow"):
         pytest.skip(f"slow: {name}'s compiled update takes 25-45 s to compile on a CPU; run with --runslow")
     model = copy.deepcopy(model).train()
-    model.gradient_checkpointing_enable()
+    common.enable_grad_ckpt(model, "on", "cpu")
     torch.manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (3, 24))
     mask = torch.ones_like(ids)

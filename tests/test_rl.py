@@ -127,7 +127,7 @@ def test_compiled_layers_give_the_eager_gradients_under_checkpointing(tiny_model
     """--compile: inside compiled_layers the decoder layers run compiled (here with the aot_eager backend: the same
     autograd plumbing as inductor, without its code generation), forward, checkpoint recomputation and backward;
     the logprobs and every gradient are those of the eager layers; outside, the layers are eager again."""
-    from common import compile_layers, compiled_layers, load_model
+    from common import compile_layers, compiled_layers, enable_grad_ckpt, load_model
     compiles = []
 
     def counting_backend(gm, example_inputs):
@@ -135,7 +135,7 @@ def test_compiled_layers_give_the_eager_gradients_under_checkpointing(tiny_model
         compiles.append(gm)
         return aot_eager(gm, example_inputs)
     model, _ = load_model(tiny_model_dir, train=True)
-    model.gradient_checkpointing_enable()
+    enable_grad_ckpt(model, "on", "cpu")
     model.train()
     torch.manual_seed(0)
     batches = [torch.randint(0, model.config.vocab_size, (B, T)) for B, T in ((3, 20), (2, 31))]
@@ -485,6 +485,6 @@ def test_grad_ckpt_and_compile_auto_are_on_for_big_models_on_a_gpu(tiny_model_di
     assert not common.enable_grad_ckpt(model, "off", "cuda:0") and not checkpointing()
     assert common.enable_grad_ckpt(model, "auto", "cuda:0") and checkpointing()
     assert not common.compile_layers(model, "auto", "cpu") and common.compile_layers(model, "auto", "cuda:0")
-    model.gradient_checkpointing_disable()
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     monkeypatch.setattr(common, "GRAD_CKPT_AUTO_PARAMS", n + 1)
     assert common.enable_grad_ckpt(model, "on", "cpu") and checkpointing()
