@@ -16,7 +16,7 @@
 #                            # exploiter with exploration at its replays to the second stage (seed 0: 0 lost lines);
 #                            # POLISH_STEPS=75 runs them as a third stage instead (seeds 0, 1, 2: 0, 0 and 15 lost
 #                            # lines; seed 1 a master); WINS_STEPS=300 then runs it again from its best weights with
-#                            # win puzzles, where it left a lost line (seed 2: 0 lost lines, a master)
+#                            # win puzzles, where it left a lost line (seed 2, and seed 0 run in one piece: masters)
 #
 # Stages: 1-2. sft.py builds a small Llama + BPE tokenizer from scratch and trains it on games of the scripted
 # minimax teacher that plays a random move with probability TEACHER_P (it loses real games against the
