@@ -259,7 +259,9 @@ def plot_curves(stages, png):
         ax.plot(*zip(*pts), linewidth=0.8)
         ax.set_title(k)
     ax = axes[len(keys)]
-    for k in sorted({k for r in evals for k in r if k.endswith(("win_rate", "loss_rate")) and k.startswith("eval_")}):
+    eval_keys = {k for r in evals for k in r if k.startswith("eval_")}
+    games = {k for k in eval_keys if k.endswith(("win_rate", "loss_rate"))}  # a game's; else the mean reward
+    for k in sorted(games or {k for k in eval_keys if k.endswith("reward_mean")}):
         ax.plot(*zip(*[(r["step"], r[k]) for r in evals if k in r]), marker="o", label=k[5:])
     ax.set_title("greedy evaluation")
     if ax.lines:
