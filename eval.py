@@ -292,7 +292,8 @@ def plot_curves(stages, png):
     return True
 
 
-def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args=""):
+def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args="",
+                 resumed=False):
     """OUT/results.json and OUT/report.md from the evaluations speedrun.sh wrote to OUT/eval/{teacher,sft,rl}/
     {optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT teacher (minimax with random-move
     probability teacher_p, or a rules teacher) and the other arguments name the run's recipe."""
@@ -300,7 +301,8 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     t_sft, t_rl, t_all = times or (None, None, None)
     load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
     res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
-    res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all)} if times else None
+    # a resumed speedrun (RESUME=1) times only its own invocation: the stages finished before it count ~0
+    res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all), "resumed": resumed} if times else None
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
     # the RL stages speedrun.sh ran, in order: (directory, the model it starts from, its flags, its name); the last
     # gives the RL model, its best certificate's weights
@@ -346,7 +348,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     rl_commands = "".join(f"    python rl.py --model {out}/{start} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
     report = f"""# speedrun report
 
-Machine: {res['machine']}. {f"Wall time: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
+Machine: {res['machine']}. {f"Wall time{' of this resumed invocation alone (RESUME=1; earlier ones not counted)' if resumed else ''}: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
 
 ## Greedy play, {n} games per opponent
 {nl.join(rows)}
@@ -416,6 +418,7 @@ def main():
                    "SFT teacher (speedrun.sh TEACHER): minimax with --random_move_prob, or rules / rules_wins / rules_then (random "
                    "legal moves)")
     p.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
+    p.add_argument("--resumed", action="store_true", help="--report: --times are those of a resumed run's last invocation alone (speedrun.sh RESUME=1)")
     p.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     p.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py")
     p.add_argument("--puzzle_args", default="", help="--report: the flags of an RL stage on puzzles before it, if any")
@@ -427,7 +430,7 @@ def main():
                        "show": (at_least(0), ">= 0"), "out": (lambda d: d is None or can_write(d), "a directory you can write")})
     if args.report:
         return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args, args.env_args,
-                            args.puzzle_args, args.polish_args, args.wins_args)
+                            args.puzzle_args, args.polish_args, args.wins_args, args.resumed)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))

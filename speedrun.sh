@@ -176,7 +176,7 @@ SFT="$SFT --keep $KEEP --seed $SEED"
 RL_MAIN="$RL --seed $SEED $RL_MAIN_FLAGS ${RL_FLAGS:-}"  # RL_FLAGS: more rl.py flags, after the recipe's (the last of a flag wins)
 RL="$RL --seed $SEED ${RL_FLAGS:-}"  # the puzzle stage's
 # RESUME=1: every sft.py and rl.py stage passes --resume (a stage already finished does nothing, one without a
-# checkpoint starts fresh) and the logs are appended to; the report's times are then this invocation's alone
+# checkpoint starts fresh) and the logs are appended to; the report's times are then this invocation's alone (it says so)
 RESUME_FLAG=""; TEE="tee"
 if [ "${RESUME:-0}" = "1" ]; then RESUME_FLAG="--resume"; TEE="tee -a"; fi
 mkdir -p "$OUT"
@@ -260,7 +260,7 @@ done
 T_ALL=$SECONDS
 
 stamp "5. report"
-python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
+python eval.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --teacher "$TEACHER" --random_move_prob "$TEACHER_P" \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL_MAIN --env_args '$RL_ENV'" --env_args "$ENV" \
   ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"} ${POLISH_RL:+--polish_args "$POLISH_RL --env_args '$POLISH_ENV'"} \
   ${WINS_RL:+--wins_args "$WINS_RL --env_args '$WINS_ENV'"}

@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -116,6 +117,12 @@ def test_quick_speedrun(speedruns, teacher):
     best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
     assert results["rl_step"] == best["step"] in (0, 2)
     assert results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
+    # a resumed run's report (speedrun.sh RESUME=1 passes --resumed) says its times leave out the earlier invocations
+    assert "Wall time: SFT " in report and results["times_s"]["resumed"] is False
+    subprocess.run([sys.executable, "eval.py", "--report", out, "--times", "1", "2", "3", "--resumed"], cwd=ROOT, check=True,
+                   capture_output=True)
+    assert "Wall time of this resumed invocation alone (RESUME=1; earlier ones not counted): SFT 1s" in open(os.path.join(out, "report.md")).read()
+    assert json.load(open(os.path.join(out, "results.json")))["times_s"] == {"sft": 1, "rl": 2, "total": 3, "resumed": True}
 
 
 @pytest.mark.parametrize("setting, value, says", [("TEACHER", "random", "use minimax, rules, rules_wins or rules_then"),
