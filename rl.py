@@ -59,7 +59,6 @@ Outputs in DIR (default out/rl): metrics.jsonl (one JSON line per step), curves.
 installed), eval rollouts, and a checkpoint (save_pretrained + trainer_state.pt) every --save_every steps.
 """
 import argparse
-import json
 import math
 import os
 import random
