@@ -14,7 +14,6 @@ per-episode metrics `<name>_rate` (indicators and fractions; tic-tac-toe: win, d
 cut_off) and `mean_<name>` (counts named n_<name>), plus wall_s, episodes_per_s, gen_tokens_per_s.
 """
 import argparse
-import copy
 import importlib
 import json
 import math
@@ -25,7 +24,7 @@ import time
 import torch
 
 from common import at_least, can_write, check_flags, disk_full_says_what_is_kept, load_env, parse_env_args
-from sample import POLICY_FLAG_RULES, APIError, add_policy_args, advance, finish, new_episode, policy_from_args, rollout, show
+from sample import POLICY_FLAG_RULES, APIError, add_policy_args, advance, branch, finish, new_episode, policy_from_args, rollout, show
 
 from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
 
@@ -182,7 +181,7 @@ def certify(env, policy, out=None, progress=True):
                                      else "lost a drawn position", "value_before": before, "value_after": after, **line})
             branches = ttt.free_cells(after_board) if cell is not None and ttt.winner(after_board) is None else [None]
             for c in branches:
-                child = copy.deepcopy(ep)
+                child = branch(ep)
                 child["line_prob"] = ep["line_prob"] / len(branches)
                 if c is not None:
                     child["state"]["replies"] = {**ep["state"]["replies"], after_board: c}

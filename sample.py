@@ -40,6 +40,7 @@ the batches, or splitting a step over several torchrun ranks change no rollout.
 """
 import argparse
 import concurrent.futures
+import copy
 import functools
 import json
 import os
@@ -190,9 +191,6 @@ class RowCache:
         # (B,) while decoding: False from a row's stop token on; a finished row keeps decoding with the others (fixed
         # shapes) but its convolution state must stay where its reply ended, as its keys and values do
         self.live = None
-
-    def __deepcopy__(self, memo):  # a copied episode goes on from the same cache (and its own row: gather())
-        return self
 
     def update(self, keys, values, layer, *args, **kwargs):  # (B, H, W, D) each
         B, H, W, D = keys.shape
@@ -802,6 +800,16 @@ def new_episode(env, example, index=0, rollout=0):
     state, first = env.reset(example)
     return {"example": example, "index": index, "rollout": rollout, "state": state,
             "messages": [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first}]}
+
+
+def branch(ep):
+    """A copy of an episode that goes on apart from it (eval.certify branches its lines over the opponent's
+    replies): its trajectory lists and environment state copied, anything else shared, the policy's KV cache
+    included (HFPolicy gives the copy a row of its own at the next turn). The token lists are copied whole, not
+    element by element as copy.deepcopy would (1.2 ms an episode: 1.6 s of a 24 s certificate on 2 CPU cores)."""
+    child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
+    child["state"] = copy.deepcopy(ep["state"])
+    return child
 
 
 def advance(env, ep, reply):

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import common  # noqa: E402
-from sample import HFPolicy, new_episode, rollout  # noqa: E402
+from sample import HFPolicy, branch, new_episode, rollout  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN  # noqa: E402
 from test_sample import check_layout, replay_logits  # noqa: E402
 
@@ -290,10 +290,9 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
 
 
 def test_copied_episodes_go_on_from_their_row(arch, short_env):
-    """An episode deep-copied mid-game (eval.certify branches every line over the opponent's replies) continues
-    from its parent's cache row (its keys and values, and LFM2's convolution state): the same tokens and logprobs as
-    re-encoding."""
-    import copy
+    """An episode branched mid-game (sample.branch: eval.certify branches every line over the opponent's replies)
+    continues from its parent's cache row (its keys and values, and LFM2's convolution state): the same tokens and
+    logprobs as re-encoding; the parent's trajectory is left as it was."""
     name, model, tok = arch
     runs = {}
     for reuse in (True, False):
@@ -304,12 +303,14 @@ def test_copied_episodes_go_on_from_their_row(arch, short_env):
             children = []
             for ep, reply in zip(episodes, replies):
                 for k in range(2):
-                    child = copy.deepcopy(ep)
+                    child = branch(ep)
                     child["messages"].append({"role": "assistant", "content": reply})
                     child["messages"].append({"role": "user", "content": f"branch {k}: your move"})
                     children.append(child)
-            episodes = children
+            parents, episodes = episodes, children
+        kept = [(len(ep["ids"]), len(ep["messages"]), ep["state"]["turns"]) for ep in parents]
         policy(episodes)
+        assert [(len(ep["ids"]), len(ep["messages"]), ep["state"]["turns"]) for ep in parents] == kept
         runs[reuse] = episodes
         if reuse and policy.reuse_cache:
             assert len({id(ep["kv"]) for ep in episodes}) == 1
