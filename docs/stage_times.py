@@ -87,6 +87,7 @@ def argv_of(args, **override):
 
 
 def run_script(script, argv, log):
+    """Run one of the project's scripts, its output to `log`; its wall time in seconds."""
     t0 = time.time()
     with open(log, "w") as f:
         done = subprocess.run([sys.executable, os.path.join(ROOT, script), *argv], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -120,6 +121,8 @@ def project(recorded, probe, wall):
 
 
 def time_stages(bundle_dir, out, steps):
+    """Every stage of a bundle here for a few steps (SFT 10x as many), the evaluations whole; the projected table
+    to stdout and OUT/stage_times.md, .json."""
     os.makedirs(out, exist_ok=True)
     at = lambda *p: os.path.join(bundle_dir, *p)
     table = []
