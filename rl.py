@@ -307,6 +307,9 @@ def parse_args(argv=None):
                    "certificate, the greedy policy against every opponent line, as eval.py --certify) finds the lines where "
                    "the greedy policy errs, and up to half of each step's examples replay them: an exploiter; the weights "
                    "of the best certificate (fewest lost lines, then mistakes; the latest on a tie) are kept in DIR_best (0: off)")
+    p.add_argument("--exploit_stop", action="store_true", help="with --exploit: stop once a certificate finds no mistake "
+                   "to replay (the greedy policy is right on every line, so the exploiter has nothing left to teach; its "
+                   "weights are then DIR_best's and the final checkpoint's)")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="run the decoder layers through "
                    "torch.compile in the update (the rollouts stay eager, with their own CUDA graphs): fuses the "
                    "elementwise work; costs a compilation in the first step. auto: on a GPU for a model of 300M+ parameters")
@@ -321,6 +324,8 @@ def parse_args(argv=None):
                        "beta": (non_negative, "a finite number >= 0"),
                        "ppo_epochs": (at_least(1), ">= 1"), "minibatch": (at_least(0), ">= 0 (0: the whole batch)"),
                        "max_bad_steps": (at_least(1), ">= 1"), "exploit": (at_least(0), ">= 0 (0: off)")})
+    if args.exploit_stop and not args.exploit:
+        raise SystemExit("--exploit_stop stops on a certificate of --exploit N: give --exploit too")
     if args.batch % args.group:
         raise SystemExit(f"--batch {args.batch} must be a multiple of --group {args.group}")
     return args
@@ -414,8 +419,11 @@ def main():
         found, best = from_rank0((found, best))
         return found
 
-    if resume and step >= args.steps:  # its final evaluation and save are done: running them again would repeat rows
-        print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps {args.steps}): nothing to do")
+    # --exploit_stop: the certificate at this step found no mistake (a run that stopped there, or ended on it)
+    perfect = lambda: args.exploit_stop and replays == [] and replays_step == step
+    if resume and (step >= args.steps or perfect()):  # its final evaluation and save are done: again would repeat rows
+        print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps {args.steps}"
+              f"{', its certificate finds no mistake' if step < args.steps else ''}): nothing to do")
         stop_ranks()
         return
 
@@ -424,6 +432,9 @@ def main():
         model.eval()
         if args.exploit and (replays is None or (step % args.exploit == 0 and replays_step != step)):
             replays, replays_step = exploit(step), step
+        if perfect():
+            print(f"--exploit_stop: the certificate at step {step} finds no mistake: stopping")
+            break
         t0 = time.time()
         # 1. rollouts: `group` episodes of each of the step's examples (under torchrun: of this rank's share of them)
         examples = step_examples(env, n_examples, args.seed, step, replays)[first:end]
@@ -471,7 +482,7 @@ def main():
             save(step)
 
     # ---- final evaluation and save
-    if args.exploit:
+    if args.exploit and replays_step != step:  # (a stop by --exploit_stop has just certified this step)
         model.eval()
         found = exploit(step)
         if step % args.exploit == 0:  # the next step's replays too: a --resume with more --steps goes on with them

@@ -271,6 +271,35 @@ def test_a_finished_exploit_run_extended_logs_its_last_certificate_once(tiny_mod
     assert train_lines(b) == train_lines(a)
 
 
+def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """--exploit_stop: once a certificate finds no mistake to replay the run stops there, that certificate logged
+    once, its weights the best and the final checkpoint's; --resume then has nothing to do."""
+    import env_tictactoe as ttt
+    real, calls = ttt.TicTacToe.exploit, []
+
+    def perfect_at_the_third(self, policy):  # the tiny random model errs everywhere: its third certificate is made clean
+        summary, key, found = real(self, policy)
+        calls.append(1)
+        return (summary, (0, 0), []) if len(calls) == 3 else (summary, key, found)
+    monkeypatch.setattr(ttt.TicTacToe, "exploit", perfect_at_the_third)
+    out = str(tmp_path / "stop")
+    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3}', "--exploit", "1", "--exploit_stop"]
+    said = run_rl(tiny_model_dir, out, 4, extra, env_dir=str(tmp_path))
+    assert "--exploit_stop: the certificate at step 2 finds no mistake: stopping" in said
+    assert [r["step"] for r in train_lines(out)] == [1, 2]
+    certified = lambda: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "certify_lines" in line]
+    assert certified() == [0, 1, 2]
+    state = torch.load(os.path.join(out, "trainer_state.pt"), weights_only=True)
+    assert state["step"] == 2 and state["exploit_lines"] == [] and state["exploit_best"]["step"] == 2
+    assert json.load(open(out + "_best/certificate.json"))["step"] == 2
+    rows = open(os.path.join(out, "metrics.jsonl")).read()
+    said = run_rl(tiny_model_dir, out, 4, extra + ["--resume"], env_dir=str(tmp_path))
+    assert "its certificate finds no mistake): nothing to do" in said
+    assert open(os.path.join(out, "metrics.jsonl")).read() == rows and len(calls) == 3
+    with pytest.raises(SystemExit, match="give --exploit too"):
+        run_rl(tiny_model_dir, str(tmp_path / "no"), 1, ["--exploit_stop"], env_dir=str(tmp_path))
+
+
 def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_path, monkeypatch):
     """--exploit with tic-tac-toe's replay_explore: in each step's replayed example (the random tiny model errs on
     every line), the odd rollouts play a scripted move at the mistake, recorded as the model's tokens (mask 1) and
