@@ -35,7 +35,8 @@ opponent optimal after it), so the groups compare a repeat of the mistake with t
 A fix can break another line, so the weights of the best certificate (also checked after the last step) are
 kept in DIR_best: a model proved over every line, like eval.py --certify. A mistake the policy is sure of is
 repeated by its whole group, which then holds no better move to learn from; tic-tac-toe's replay_explore has every
-other rollout play another move there (the environment's forced_reply hook).
+other rollout play another move there (the environment's forced_reply hook). --exploit_stop ends the run at the
+first certificate that finds no mistake: nothing is left for the exploiter to teach.
 
 Losses (see policy_loss): cispo (default) = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, with the upper
 cap 1+eps_high (default 1.2) and no lower clip unless --eps_low is given; grpo = PPO's clipped objective.
