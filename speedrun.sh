@@ -223,7 +223,8 @@ rl_stage "$RL_FROM" "$RL_MAIN" "$RL_ENV" rl
 RL_FINAL="rl"  # the RL stage whose best certificate's weights are the RL model
 POLISH_RL=""
 if [ "$POLISH_STEPS" -gt 0 ]; then
-  POLISH_RL="$RL_MAIN --steps $POLISH_STEPS --exploit 5"  # the last of a flag wins
+  # the last of a flag wins; --exploit_stop: the stage ends at a certificate with no mistake, a policy right on every line
+  POLISH_RL="$RL_MAIN --steps $POLISH_STEPS --exploit 5 --exploit_stop"
   POLISH_ENV="$RL_ENV"
   if [ -z "$MAIN_EXPLORE" ]; then POLISH_ENV="${RL_ENV%\}}$EXPLORE}"; fi
   stamp "3b. RL from $OUT/rl: the exploiter, exploring at its replays"
@@ -239,7 +240,7 @@ print(f'the third stage\'s best certificate: {lost} lost lines')
 sys.exit(lost == 0)" "$OUT/rl_polish_best/certificate.json"
 }
 if [ "$WINS_STEPS" -gt 0 ] && third_stage_lost_a_line; then
-  WINS_RL="$RL_MAIN --steps $WINS_STEPS --exploit 5"
+  WINS_RL="$RL_MAIN --steps $WINS_STEPS --exploit 5 --exploit_stop"
   # "win" second among the kinds, as in the measured runs (a puzzle's kind is drawn by its place in the list)
   WINS_ENV="${POLISH_ENV/"[\"threat\", "/"[\"threat\", \"win\", "}"
   stamp "3c. RL from $OUT/rl_polish_best: the third stage again, win puzzles among its puzzles"
