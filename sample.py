@@ -806,7 +806,8 @@ def branch(ep):
     """A copy of an episode that goes on apart from it (eval.certify branches its lines over the opponent's
     replies): its trajectory lists and environment state copied, anything else shared, the policy's KV cache
     included (HFPolicy gives the copy a row of its own at the next turn). The token lists are copied whole, not
-    element by element as copy.deepcopy would (1.2 ms an episode: 1.6 s of a 24 s certificate on 2 CPU cores)."""
+    element by element as copy.deepcopy would (1.2 ms for an episode of 900 tokens on this 2-core CPU: 1.6 s for
+    the 1,338 branches of a certificate that takes about 24 s)."""
     child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
     child["state"] = copy.deepcopy(ep["state"])
     return child

@@ -271,7 +271,7 @@ def test_a_finished_exploit_run_extended_logs_its_last_certificate_once(tiny_mod
     assert train_lines(b) == train_lines(a)
 
 
-def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_dir, tmp_path, monkeypatch):
     """--exploit_stop: once a certificate finds no mistake to replay the run stops there, that certificate logged
     once, its weights the best and the final checkpoint's; --resume then has nothing to do."""
     import env_tictactoe as ttt
