@@ -111,12 +111,15 @@ def group_advantages(rewards, group, scale_rewards="none"):
     example, the `group` rollouts of one example side by side.
 
     A = R - mean(R of the episode's group); --scale_rewards group also divides by the group's standard deviation
-    (with Bessel's correction, as torch.std and TRL; + 1e-4 so that a group of equal rewards gives 0, not NaN)."""
-    rewards = torch.as_tensor(rewards, dtype=torch.float).view(-1, group)  # (E, G)
+    (with Bessel's correction, as torch.std and TRL; + 1e-4 so that a group of equal rewards gives 0, not NaN).
+    A group of equal rewards gives exactly 0, so the update skips it: each reward is first taken relative to its
+    group's first one (exact for equal rewards), as R - mean(R) of eight rewards of 0.7 would leave about 6e-08."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float64).view(-1, group)  # (E, G)
+    rewards = rewards - rewards[:, :1]
     adv = rewards - rewards.mean(1, keepdim=True)
     if scale_rewards == "group":
         adv = adv / (rewards.std(1, keepdim=True) + 1e-4)
-    return adv.flatten()  # (B,)
+    return adv.float().flatten()  # (B,)
 
 
 # ----------------------------------------------------------------------------- 3. the loss

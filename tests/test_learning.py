@@ -37,6 +37,11 @@ def test_group_advantages_by_hand():
     # a group whose rewards are all equal carries no signal: zeros, not NaN, in both settings
     for scale in ("none", "group"):
         assert torch.equal(group_advantages([0.3] * 4 + [1.0, 0.0, 0.0, 0.0], 4, scale)[:4], torch.zeros(4))
+    # exactly 0, whatever the rewards: a tic-tac-toe draw's 0.5 + 0.2 x format, the calculator's 1.05, a thirds'
+    # sum, ... (R - mean(R) in float32 leaves ~6e-08, which the update does not skip and zero_adv does not count)
+    for value in (0.7, 1.05, 0.1 + 0.2, 1 / 3, 2.3e-5, -0.35, 1234.567):
+        for scale in ("none", "group"):
+            assert torch.equal(group_advantages([value] * 8 + [1.0] + [0.0] * 7, 8, scale)[:8], torch.zeros(8)), (value, scale)
     # groups of two: A = +-(difference / 2), scaled: +-1/sqrt(2) (without Bessel's correction it would be +-1)
     assert torch.allclose(group_advantages([1.0, 0.0, 0.2, 0.6], 2), T([0.5, -0.5, -0.2, 0.2]))
     assert torch.allclose(group_advantages([1.0, 0.0], 2, "group"), T([1, -1]) * 0.5 / (0.5 ** 0.5 + 1e-4))
