@@ -71,6 +71,9 @@ def weights_dtype(device, train=False):
     return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
 
 
+LOCAL_PREFIXES = ("out/", "./", "../", "/", "~")  # paths that name a local directory, never a hub id
+
+
 def load_model(path, device="auto", train=False):
     """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling and
     evaluation, fp32 on CPU and wherever the model is trained (train=True): an AdamW update at RL's learning rates
@@ -80,6 +83,11 @@ def load_model(path, device="auto", train=False):
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
     device = pick_device(device)
+    if path.startswith(LOCAL_PREFIXES) and not os.path.isdir(path):  # not a hub id: fail now, not after the hub's retries
+        made_by = "`python sft.py` (its --out, out/sft by default)" if os.path.normpath(path) == os.path.normpath("out/sft") \
+            else "the script whose --out it is (`bash speedrun.sh` writes out/speedrun/...)"
+        raise SystemExit(f"could not load model {path!r}: there is no such directory. Make it with {made_by}, or pass "
+                         "--model a hub id or a save_pretrained directory")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(

@@ -96,19 +96,24 @@ def teacher_games(args, env):
 def read_data(path):
     if not os.path.exists(path):
         raise SystemExit(f"--data {path!r} does not exist (write one with --teacher, it lands in DIR/data.jsonl)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"--data {path!r} is not UTF-8 text (byte {e.start}): give a JSONL file of "
+                         "{\"messages\": [...]} lines") from None
     convs = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                msgs = json.loads(line)["messages"]
-                assert isinstance(msgs, list) and all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str) for m in msgs)
-                assert len(msgs) >= 3 and msgs[0]["role"] == "system" and msgs[1]["role"] == "user"
-            except (ValueError, KeyError, TypeError, AssertionError):
-                raise SystemExit(f"{path}:{i}: expected a JSON object with \"messages\": [system, user, assistant, ...] "
-                                 "chat messages (role + content); fix or delete that line") from None
-            convs.append(msgs)
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            msgs = json.loads(line)["messages"]
+            assert isinstance(msgs, list) and all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str) for m in msgs)
+            assert len(msgs) >= 3 and msgs[0]["role"] == "system" and msgs[1]["role"] == "user"
+        except (ValueError, KeyError, TypeError, AssertionError):
+            raise SystemExit(f"{path}:{i}: expected a JSON object with \"messages\": [system, user, assistant, ...] "
+                             "chat messages (role + content); fix or delete that line") from None
+        convs.append(msgs)
     return convs
 
 

@@ -95,6 +95,9 @@ def cases():
     yield "sft", ["--keep", "best"], "--keep best: must be"
     yield "sft", ["--d_model", "30", "--n_heads", "4"], "--d_model 30: must be a positive multiple of --n_heads 4"
     yield "sft", ["--data", "{tmp}/no_such.jsonl"], "does not exist"
+    yield "sft", ["--data", "{binary}"], "{binary}' is not UTF-8 text (byte 128)"
+    for script in ["rl", "sft", "eval", "sample"]:  # a run directory that is not there yet: no hub lookup at all
+        yield script, ["--model", "out/no_such_run"], "could not load model 'out/no_such_run': there is no such directory"
     yield "rl", ["--batch", "6", "--group", "4"], "--batch 6 must be a multiple of --group 4"
     yield "rl", ["--group", "1"], "--group 1: must be >= 2"
     yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit() hook"
@@ -117,13 +120,14 @@ BASE = {"rl": ["--model", "{model}", "--batch", "4", "--group", "2", "--steps", 
 def places(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad_inputs")
     (tmp / "a_file").write_text("x")
+    (tmp / "binary.jsonl").write_bytes(bytes(range(256)))
     shutil.copytree(tiny_model_dir, tmp / "corrupt")
     (tmp / "corrupt" / "model.safetensors").write_bytes(b"not a safetensors file")
     envs = tmp / "envs"
     envs.mkdir()
     for name, (source, _) in ENV_FILES.items():
         (envs / f"env_{name}.py").write_text(source)
-    return {"tmp": str(tmp), "file": str(tmp / "a_file"), "corrupt": str(tmp / "corrupt"), "model": tiny_model_dir,
+    return {"tmp": str(tmp), "file": str(tmp / "a_file"), "binary": str(tmp / "binary.jsonl"), "corrupt": str(tmp / "corrupt"), "model": tiny_model_dir,
             "envs": str(envs)}
 
 
@@ -156,6 +160,20 @@ def test_bad_command_line_stops_cleanly_before_touching_out(script, argv, messag
     for part in (message,) if isinstance(message, str) else message:
         assert filled(part, fill) in said, said
     assert sorted(os.listdir(out)) == ["metrics.jsonl"] and (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_the_default_model_missing_fails_at_once_naming_the_command(monkeypatch, tmp_path):
+    """A fresh clone has no out/sft, rl.py's default --model: one line that says which command makes it, without
+    asking the hub first (which retried for about 40 s)."""
+    import transformers
+
+    def no_hub(*a, **kw):
+        raise AssertionError("the hub was asked for a local directory")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_hub)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        run_script("rl", ["--device", "cpu", "--out", str(tmp_path / "rl")], monkeypatch)
+    assert "could not load model 'out/sft': there is no such directory. Make it with `python sft.py`" in str(e.value.code)
 
 
 def test_good_values_pass(monkeypatch):
