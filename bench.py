@@ -2,8 +2,9 @@
 The standing benchmark: one full RL step (rollouts + update, rl.py's own functions) on a random-initialised model
 of a real shape, built offline from transformers' config classes (no download).
 
-    python bench.py --shape tiny                                   # CPU, seconds (CI runs it)
+    python bench.py --shape tiny                                   # CPU, seconds (CI runs it): both engines
     python bench.py --shape qwen3-0.6b qwen3-1.7b lfm2-2.6b        # one GPU: the table in the README
+    python bench.py --shape qwen3-0.6b --engine fast               # the fast engine alone
     python bench.py --shape qwen3-0.6b --eager --profile 15        # decoding without CUDA graphs; the costliest operators
     python bench.py --shape qwen3-0.6b --grad_ckpt off --token_budget 16384   # the update without checkpointing
     python bench.py --shape qwen3-0.6b --compile off               # the update's layers eager: what compiling saves
@@ -14,7 +15,8 @@ end-of-turn token is suppressed until then and the turn is cut there), an enviro
 (~40) after each turn and a system prompt of --system_tokens (~150). The tokenizer is a word-level one with one
 word per id of the model's vocabulary, so every count is exact.
 
-Reported per shape (the median of --steps timed steps, after --warmup_steps untimed ones):
+Reported per shape and rollout engine (--engine: the fast one, engine.py, and generate(), the reference; the median
+of --steps timed steps, after --warmup_steps untimed ones):
   gen tok/s     sampled tokens per second of the rollouts;
   floor %       the bandwidth floor of the rollouts' decoding steps over their measured time: each decoding step
                 must read every weight once (bf16) plus every live KV-cache entry, so the floor is the sum over
@@ -176,7 +178,7 @@ def update_flops(records, n_flop, config):
 # ----------------------------------------------------------------------------- one shape
 
 
-def bench_shape(shape, args, device):
+def bench_shape(shape, engine, args, device):
     model, tokenizer = build_model(shape, device)
     rl_args = rl.parse_args(["--batch", str(args.examples * args.group), "--group", str(args.group), "--temp", str(args.temp),
                              "--max_new_tokens", str(args.reply_tokens), "--token_budget", str(args.token_budget),
@@ -185,7 +187,7 @@ def bench_shape(shape, args, device):
     compiled = compile_layers(model, rl_args.compile, device)
     env = FixedEnv(args.system_tokens, args.env_tokens, args.turns)
     policy = HFPolicy(model, tokenizer, env.system_prompt, rl_args.temp, 1.0, args.reply_tokens, rl_args.gen_batch,
-                      min_new_tokens=args.reply_tokens, cuda_graphs=not args.eager)
+                      min_new_tokens=args.reply_tokens, engine=engine, **({"cuda_graphs": not args.eager} if engine == "fast" else {}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99))
     amp = train_autocast(device)
     cuda = device.startswith("cuda")
@@ -210,7 +212,7 @@ def bench_shape(shape, args, device):
     bandwidth, peak_flops = gpu_specs(device, args)
     floor_s, n_steps = decode_floor(records, n_counted, model.config, bandwidth) if bandwidth else (None, None)
     flops = update_flops(records, n_counted, model.config)
-    out = {"shape": shape, "params": sum(p.numel() for p in model.parameters()), "episodes": len(records),
+    out = {"shape": shape, "engine": policy.engine.name, "params": sum(p.numel() for p in model.parameters()), "episodes": len(records),
            "gen_tokens": gen_tokens, "train_tokens": sum(len(r["ids"]) for r in records), "decode_steps": n_steps,
            "step_s": median("step_s"), "gen_s": median("gen_s"), "update_s": median("update_s"),
            "gen_tok_s": gen_tokens / median("gen_s"),
@@ -218,7 +220,7 @@ def bench_shape(shape, args, device):
            "upd_tok_s": sum(len(r["ids"]) for r in records) / median("update_s"),
            "mfu": flops / median("update_s") / peak_flops if peak_flops else None,
            "peak_gb": max(r["peak_gb"] for r in timed) if cuda else None,
-           "cuda_graphs": policy.cuda_graphs and policy.reuse_cache,  # graphs decode on the RowCache only
+           "cuda_graphs": getattr(policy.engine, "cuda_graphs", False),  # the fast engine's
            "grad_ckpt": grad_ckpt, "compiled": compiled}
     out["other_s"] = out["step_s"] - out["gen_s"] - out["update_s"]
     del model, opt, policy
@@ -268,11 +270,11 @@ def gpu_specs(device, args):
 def table(results, device_name):
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
     lines = [f"Device: {device_name}", "",
-             "| shape | params | gen tok/s | floor % | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| shape | engine | params | gen tok/s | floor % | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         setting = ", ".join(s for s, on in (("graphs", r["cuda_graphs"]), ("grad ckpt", r["grad_ckpt"]), ("compiled", r["compiled"])) if on)
-        lines.append(f"| {r['shape']}{f' ({setting})' if setting else ''} | {r['params'] / 1e6:,.1f}M | {r['gen_tok_s']:,.0f} | "
+        lines.append(f"| {r['shape']}{f' ({setting})' if setting else ''} | {r['engine']} | {r['params'] / 1e6:,.1f}M | {r['gen_tok_s']:,.0f} | "
                      f"{fmt(r['floor_frac'] and 100 * r['floor_frac'], '.0f')} | {r['upd_tok_s']:,.0f} | "
                      f"{fmt(r['mfu'] and 100 * r['mfu'], '.0f')} | {fmt(r['peak_gb'], '.1f')} | "
                      f"{r['step_s']:.2f} ({r['gen_s']:.2f} / {r['update_s']:.2f} / {r['other_s']:.2f}) |")
@@ -282,6 +284,8 @@ def table(results, device_name):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", nargs="+", default=["tiny"], choices=list(SHAPES), help="model shapes to measure")
+    p.add_argument("--engine", nargs="+", default=["fast", "hf"], choices=["fast", "hf"], help="rollout engines to time, "
+                   "each on its own model of the shape: fast (engine.py) and hf (generate(), the reference)")
     p.add_argument("--examples", type=int, default=32, help="examples per step")
     p.add_argument("--group", type=int, default=8, help="rollouts per example (episodes = examples x group)")
     p.add_argument("--turns", type=int, default=5, help="model turns per episode")
@@ -311,10 +315,11 @@ def main():
     device_name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
     results = []
     for shape in args.shape:
-        results.append(bench_shape(shape, args, device))
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps({**results[-1], "device": device_name, "args": vars(args)}) + "\n")
+        for engine in args.engine:
+            results.append(bench_shape(shape, engine, args, device))
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps({**results[-1], "device": device_name, "args": vars(args)}) + "\n")
     print(table(results, device_name))
 
 

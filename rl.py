@@ -297,6 +297,8 @@ def parse_args(argv=None):
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling (1.0 keeps logprobs exact)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
     p.add_argument("--gen_batch", type=int, default=512, help="max episodes per rollout batch (each keeps one KV cache for its whole game)")
+    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto", help="rollout engine: hf (generate(), the "
+                   "reference), fast (engine.py: a KV cache row per episode, CUDA graphs); auto: fast where it holds the model")
     p.add_argument("--steps", type=int, default=200, help="RL steps")
     p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")
     p.add_argument("--loss_agg", choices=["token", "sequence"], default="token", help="token: DAPO/CISPO averaging over the batch; sequence: GRPO per-episode mean")
@@ -372,8 +374,9 @@ def main():
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
     enable_grad_ckpt(model, args.grad_ckpt, device)
     compile_layers(model, args.compile, device)
-    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch, seed=args.seed)
-    greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch)
+    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, args.top_p, args.max_new_tokens, args.gen_batch,
+                      seed=args.seed, engine=args.engine)
+    greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch, engine=args.engine)
     amp = train_autocast(device)
 
     # ---- optimizer (fp32 weights and state, load_model(train=True); bf16 autocast for the forward on a GPU)

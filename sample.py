@@ -7,32 +7,20 @@ Batched multi-turn rollouts with exact token trajectories: the engine eval.py, s
     python sample.py --model out/rl --play                        # play against the model yourself
 
 A policy maps a batch of unfinished episodes to one reply each. Three kinds share that interface:
-  HFPolicy       a Hugging Face causal LM on a decoding loop of its own (the engine, below). It keeps each
-                 episode's exact token trajectory: `ids` (prompt, every sampled reply with its end-of-turn token,
-                 every environment message), `mask` (1 exactly on the model's tokens: sampled, or a reply the
-                 environment forced, see `rollout`) and `logprobs` (of those tokens under the sampling temperature,
-                 0 elsewhere). Later environment messages are appended as the tokens the chat template puts between
-                 an assistant turn and the next generation prompt; the conversation is never re-rendered, so
-                 templates that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift.
+  HFPolicy       a Hugging Face causal LM. It keeps each episode's exact token trajectory: `ids` (prompt, every
+                 sampled reply with its end-of-turn token, every environment message), `mask` (1 exactly on the
+                 model's tokens: sampled, or a reply the environment forced, see `rollout`) and `logprobs` (of those
+                 tokens under the sampling temperature, 0 elsewhere). Later environment messages are appended as the
+                 tokens the chat template puts between an assistant turn and the next generation prompt; the
+                 conversation is never re-rendered, so templates that rewrite past turns (Qwen3 drops earlier <think>
+                 blocks) cannot make ids drift.
   APIPolicy      an OpenAI-compatible endpoint, concurrent requests, retries with backoff.
   ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax).
 
-The engine, and why not generate(): a rollout batch keeps ONE preallocated KV cache (RowCache) in which each
-episode has its own row for the whole game (a prompt shared by a group's rollouts is encoded once, its row copied
-for each). A turn writes only each row's new tokens at that row's end (the environment's message) and decodes from
-there; finished episodes leave at turn boundaries. A decoding step is one forward of the HF model and the sampling,
-with fixed shapes for the whole turn and no host sync, so on a GPU it is captured as a CUDA graph once a turn
-(`cuda_graphs`, on by default; bit for bit the eager step's tokens and logprobs on an H100, `docs/gpu_check.py
-exact`): one launch per token. On an H100, one turn of 256 episodes x 64 tokens (Qwen3-0.6B shape) took 0.88 s
-graphed, 2.04 s eager (with SDPA), 1.86 s through generate() with a static cache and 2.43 s with its dynamic cache
-(docs/GPU.md).
-generate() could not do this: it takes one cache per call with the rows left-padded to a common length, so
-continuing a game meant re-stacking every episode's cache each turn (two copies of it at once), and it pays its
-per-token Python and launch overhead at every step. Layers with a recurrent state keep it in the same row: LFM2's
-short convolutions (each row's last inputs, placed before its new tokens), Qwen3.5's linear attention (that
-convolution, and the gated delta rule's state, which padding and a finished row's decoding steps leave as it is).
-`reuse_cache=False` re-encodes the conversation every turn through the model's own cache instead, on the same
-decoding loop (the tests' reference, and the fallback for layers of other kinds).
+HFPolicy's turns run on one of two engines (--engine): GenerateEngine below, Hugging Face generate() over each
+episode's token ids so far, the reference to read; and engine.FastEngine (engine.py), a KV cache row per episode
+kept for the whole game and each turn's decoding captured as one CUDA graph, which --engine auto picks wherever it
+holds the model's layers. Both draw every token through HFPolicy._sample, so they give the same tokens.
 
 Sampling is inverse-CDF with one uniform number per token, drawn from a generator seeded by (seed, episode number,
 rollout, turn): an episode's tokens do not depend on which episodes share its batch, so --gen_batch, the order of
@@ -41,11 +29,9 @@ the batches, or splitting a step over several torchrun ranks change no rollout.
 import argparse
 import concurrent.futures
 import copy
-import functools
 import json
 import os
 import random
-import sys
 import threading
 import time
 
@@ -53,8 +39,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common import (TRAIN_FLAG_RULES, at_least, cache_kwarg, can_write, check_flags, load_env, load_model, non_negative,
-                    returned_cache)
+import engine
+from common import TRAIN_FLAG_RULES, at_least, can_write, check_flags, load_env, load_model, non_negative
 
 # ----------------------------------------------------------------------------- environments
 
@@ -132,466 +118,94 @@ def _as_list(x):
     return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-# ----------------------------------------------------------------------------- the decoding engine
-
-
-DELTA_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "norm", "out_proj",
-               "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "key_dim", "value_dim", "activation")
-
-
-def row_cache_fits(config, states):
-    """True when every layer's state can live in a RowCache row: softmax attention over its own keys and values (full
-    or in a sliding window), LFM2's short convolution or Qwen3.5's gated delta rule (`states`, state_modules), whose
-    modules have the parts that _row_conv and _row_delta use."""
-    types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (set(types) <= {"full_attention", "sliding_attention", "conv", "linear_attention"}
-            and all(isinstance(getattr(m, "conv", None), torch.nn.Conv1d) and hasattr(m, "in_proj") and hasattr(m, "out_proj")
-                    if t == "conv" else all(hasattr(m, part) for part in DELTA_PARTS) for t, m in states.values()))
-
-
-def state_modules(model):
-    """{layer index: (layer type, module)} of the layers that carry a state besides keys and values: LFM2's short
-    convolutions ("conv") and Qwen3.5's linear attention ("linear_attention"); {} for plain attention models."""
-    types = getattr(model.config, "layer_types", None) or []
-    layers = model.get_decoder().layers
-    attribute = {"conv": "conv", "linear_attention": "linear_attn"}
-    return {i: (t, getattr(layers[i], attribute[t], None)) for i, t in enumerate(types) if t in attribute}
-
-
-def sliding_window(config):
-    """(window, only some layers): the sliding window of a model's attention, None if it has none; `only some
-    layers` when the config's layer_types mix sliding and full attention (Gemma 3), whose masks are then given per
-    layer type. Without layer_types a window applies to every layer (Mistral)."""
-    types = getattr(config, "layer_types", None)
-    window = getattr(config, "sliding_window", None)
-    if types is not None:
-        return (window, True) if "sliding_attention" in types else (None, False)
-    return window, False
-
-
-class RowCache:
-    """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for
-    its whole game. A forward writes each row's new tokens at that row's own positions (`write`, (B, W)), so a
-    turn appends at the row's end; at a turn boundary gather() drops the rows
-    of finished episodes (and repeats the row of an episode copied mid-game: eval.certify branches its lines).
-    The buffers are copied only when they grow (reserve) or lose or repeat rows (gather). Layers call update() as
-    they call a transformers Cache's and attend the first `span` positions of every row, with a mask that shows
-    each row its own. A short-convolution layer (LFM2, and the one in Qwen3.5's linear attention) keeps in `conv`
-    each row's last kernel - 1 inputs (_row_conv), a linear-attention layer in `delta` its recurrent state
-    (_row_delta)."""
-
-    def __init__(self, dtype):
-        self.dtype, self.capacity = dtype, 0
-        self.keys, self.values = {}, {}  # layer -> (B, H, capacity, D); the last position takes padding's writes
-        self.conv = {}  # layer -> (B, channels, kernel - 1): the row's last convolution inputs, oldest first
-        self.delta = {}  # layer -> (B, heads, key dim, value dim): a linear-attention layer's recurrent state
-        self.lengths = None  # (B,) tokens cached per row, on the model's device
-        self.write, self.span = None, 0
-        self.real = None  # (B, W) in a prefill: True on each row's new tokens (right-aligned); None when decoding
-        # (B,) while decoding: False from a row's stop token on; a finished row keeps decoding with the others (fixed
-        # shapes) but its convolution state must stay where its reply ended, as its keys and values do
-        self.live = None
-
-    def update(self, keys, values, layer, *args, **kwargs):  # (B, H, W, D) each
-        B, H, W, D = keys.shape
-        if layer not in self.keys:
-            self.keys[layer], self.values[layer] = (keys.new_zeros((B, H, self.capacity, D), dtype=self.dtype) for _ in range(2))
-        K, V = self.keys[layer][:B], self.values[layer][:B]
-        rows = torch.arange(B, device=keys.device)[:, None]  # (B, 1) with write (B, W): one entry per token
-        K[rows, :, self.write] = keys.transpose(1, 2).to(self.dtype)  # (B, W, H, D)
-        V[rows, :, self.write] = values.transpose(1, 2).to(self.dtype)
-        return K[:, :, :self.span], V[:, :, :self.span]
-
-    def conv_state(self, layer, inputs, kernel):  # inputs (B, C, W) -> the rows' states (B, C, kernel - 1), zeros at first
-        if layer not in self.conv:
-            self.conv[layer] = inputs.new_zeros((inputs.shape[0], inputs.shape[1], kernel - 1))
-        return self.conv[layer][:inputs.shape[0]]
-
-    def delta_state(self, layer, like):  # like: a state (B, heads, key dim, value dim) -> the rows' states, zeros at first
-        if layer not in self.delta:
-            self.delta[layer] = torch.zeros_like(like)
-        return self.delta[layer][:like.shape[0]]
-
-    def snapshot(self):
-        """What rewind() puts back: the row lengths, live rows and recurrent states (a warm-up decoding step moves
-        them on)."""
-        return (self.lengths.clone(), self.live.clone(),
-                [{layer: state.clone() for layer, state in states.items()} for states in (self.conv, self.delta)])
-
-    def rewind(self, saved):
-        lengths, live, saved_states = saved
-        self.lengths.copy_(lengths)
-        self.live.copy_(live)
-        for states, saved_ in zip((self.conv, self.delta), saved_states):
-            for layer, state in saved_.items():
-                states[layer].copy_(state)
-
-    def gather(self, rows):
-        """Row i of the next turn is row rows[i] of this one: one layer copied at a time."""
-        buffers = [b for b in (self.keys, self.values, self.conv, self.delta) if b]
-        if rows == list(range(len(rows))) or not buffers:
-            return
-        index = torch.tensor(rows, device=next(iter(buffers[0].values())).device)
-        for buffers in buffers:
-            for layer, buf in buffers.items():
-                if len(rows) <= buf.shape[0]:
-                    buf[:len(rows)] = buf[index]
-                else:
-                    buffers[layer] = buf[index]
-
-    def reserve(self, rows, positions, room):
-        """Room for `positions` per row (+ the padding slot) in the first `rows` rows; when it grows, `room` more."""
-        if positions + 1 <= self.capacity:
-            return
-        old, self.capacity = self.capacity, positions + 1 + room
-        for buffers in (self.keys, self.values):
-            for layer, buf in buffers.items():  # one layer at a time: never two copies of the whole cache
-                new = buf.new_zeros((rows, buf.shape[1], self.capacity, buf.shape[3]))
-                new[:, :, :old - 1] = buf[:rows, :, :old - 1]
-                buffers[layer] = new
-
-
-@functools.cache
-def _grouped_attention(decode_by_matmul):
-    """Registers (once) and names an attention function for RowCache, each KV head's query heads stacked instead of
-    copying the keys and values for every query head (transformers' SDPA path does that copy whenever a mask is
-    given). SDPA with the row masks; with decode_by_matmul, a decoding step (one query per row) is instead two
-    batched matrix products over the row's keys and values with fp32 scores: on a GPU, SDPA's kernel pads a KV
-    head's few stacked queries to a tile of 64 and took half the decoding time (H100, Qwen3-0.6B shape, 256 rows);
-    the products made a turn 8% faster. On a CPU they were no faster, and SDPA keeps its results as they were."""
-    from transformers import AttentionInterface
-
-    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        B, Hq, W, D = query.shape  # key, value: (B, Hkv, span, D); mask: (B, 1, W, span), True where seen
-        Hkv, span = key.shape[1], key.shape[2]
-        G = Hq // Hkv
-        if W == 1 and decode_by_matmul:
-            q = query.to(key.dtype).reshape(B * Hkv, G, D)  # an fp32 q_norm weight leaves the queries in fp32
-            scores = _scores(q, key.reshape(B * Hkv, span, D).transpose(1, 2)).view(B, Hkv, G, span)  # fp32
-            scores = scores * (scaling if scaling is not None else D ** -0.5)
-            probs = scores.masked_fill(~attention_mask, float("-inf")).softmax(-1).to(value.dtype)
-            out = torch.bmm(probs.view(B * Hkv, G, span), value.reshape(B * Hkv, span, D))  # (B * Hkv, G, D)
-            return out.view(B, 1, Hq, D), None  # (B, W, Hq, D)
-        query = query.reshape(B, Hkv, G * W, D)
-        mask = attention_mask[:, :, None].expand(B, 1, G, W, span).reshape(B, 1, G * W, span)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
-        return out.reshape(B, Hq, W, D).transpose(1, 2).contiguous(), None  # (B, W, Hq, D)
-
-    name = "rollout_rows_matmul" if decode_by_matmul else "rollout_rows"
-    AttentionInterface.register(name, attention)
-    return name
-
-
-def _scores(q, k_t):
-    """q @ k_t in fp32 (B, G, span): bf16 products accumulated and returned in fp32 on a GPU, without an fp32 copy
-    of the keys (torch's bmm out_dtype; older torch: the copy)."""
-    if q.dtype == torch.float32:
-        return torch.bmm(q, k_t)
-    try:
-        return torch.bmm(q, k_t, out_dtype=torch.float32)
-    except (TypeError, NotImplementedError):  # no out_dtype in this torch, or not on this device
-        return torch.bmm(q.float(), k_t.float())
-
-
-def _conv_window(cache, layer, inputs, kernel):
-    """[state, new tokens] (B, C, kernel - 1 + W) of a short convolution's `inputs` (B, C, W) over a RowCache: each
-    row's state, its last kernel - 1 inputs, right before that row's own new tokens. In a prefill they are
-    right-aligned behind padding, so row b's p_b padding columns come first (copies of column 0, whose outputs are
-    never used). The row's last kernel - 1 inputs become its state, but for a row that has finished its reply."""
-    state = cache.conv_state(layer, inputs, kernel)  # (B, C, kernel - 1)
-    seq = torch.cat([state, inputs], -1)  # (B, C, kernel - 1 + W)
-    if cache.real is not None:  # a prefill
-        pad = (~cache.real).sum(1, keepdim=True)  # (B, 1)
-        t = torch.arange(seq.shape[-1], device=seq.device)  # column of the rearranged sequence
-        source = torch.where(t >= pad + kernel - 1, t, torch.where(t >= pad, t - pad, 0))  # (B, kernel - 1 + W)
-        seq = seq.gather(-1, source[:, None, :].expand(-1, seq.shape[1], -1))
-        state.copy_(seq[:, :, -(kernel - 1):])  # in place: a CUDA graph of the decoding step keeps its buffers
-    else:  # decoding: a finished row's state stays
-        state.copy_(torch.where(cache.live[:, None, None], seq[:, :, -(kernel - 1):], state))
-    return seq
-
-
-def _row_conv(module, layer, hidden_states, attention_mask=None, **kwargs):
-    """LFM2's short convolution (y = out_proj(C * conv(B * x))) over a RowCache: each row's state, its last kernel - 1
-    inputs, goes right before that row's own new tokens (in a prefill they are right-aligned behind padding), and
-    the row's last kernel - 1 inputs become its new state. The same arithmetic as transformers' Lfm2ShortConv."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    channels, kernel = module.conv.weight.shape[0], module.conv.weight.shape[-1]
-    gate, c, x = module.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)  # (B, C, W) each
-    inputs = gate * x
-    seq = _conv_window(cache, layer, inputs, kernel)  # (B, C, kernel - 1 + W)
-    out = torch.nn.functional.conv1d(seq, module.conv.weight, module.conv.bias, groups=channels)  # (B, C, W)
-    return module.out_proj((c * out).transpose(-1, -2).contiguous())
-
-
-def _row_delta(module, layer, hidden_states, attention_mask=None, **kwargs):
-    """Qwen3.5's linear attention (a short causal convolution, then the gated delta rule) over a RowCache: the
-    convolution's state is placed as in _row_conv, and the recurrent state (B, heads, key dim, value dim) is the
-    row's own. Padding in a prefill and a finished row's decoding steps leave the state as it was: there the decay
-    is 1 (g = 0) and nothing is written (beta = 0). The same arithmetic as transformers' Qwen3_5GatedDeltaNet, with
-    its kernels (its module's own: a hub kernel where transformers installed one)."""
-    ops = sys.modules[type(module).__module__]
-    cache = kwargs.get("cache", kwargs.get("past_key_values", kwargs.get("cache_params")))
-    B, W, _ = hidden_states.shape
-    mixed = module.in_proj_qkv(hidden_states).transpose(1, 2)  # (B, C, W)
-    z = module.in_proj_z(hidden_states).reshape(B, W, -1, module.head_v_dim)
-    beta = module.in_proj_b(hidden_states).sigmoid()  # (B, W, heads)
-    g = -module.A_log.float().exp() * torch.nn.functional.softplus(module.in_proj_a(hidden_states).float() + module.dt_bias)
-    channels, kernel = mixed.shape[1], module.conv1d.weight.shape[-1]
-    seq = _conv_window(cache, layer, mixed, kernel)  # (B, C, kernel - 1 + W)
-    keep = cache.real if cache.real is not None else cache.live[:, None]  # (B, W): tokens that move the state on
-    mixed = torch.nn.functional.conv1d(seq.to(module.conv1d.weight.dtype), module.conv1d.weight, module.conv1d.bias, groups=channels)
-    mixed = ops.ACT2FN[module.activation](mixed).to(hidden_states.dtype).transpose(1, 2)  # (B, W, C)
-    query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-    value = value.reshape(B, W, -1, module.head_v_dim)
-    # each query/key head serves num_v_heads / num_k_heads value heads (transformers 5.17 repeats them in the layer,
-    # 5.24 in the kernel, which skips it when the counts are equal)
-    repeat = module.num_v_heads // module.num_k_heads
-    query, key = (x.reshape(B, W, -1, module.head_k_dim).repeat_interleave(repeat, dim=2) for x in (query, key))
-    g, beta = g.masked_fill(~keep[..., None], 0.0), beta.masked_fill(~keep[..., None], 0.0)
-    rule = ops.torch_recurrent_gated_delta_rule if W == 1 else ops.torch_chunk_gated_delta_rule
-    state = cache.delta.get(layer)
-    out, new_state = rule(query, key, value, g=g, beta=beta, initial_state=None if state is None else state[:B],
-                          output_final_state=True, use_qk_l2norm_in_kernel=True)
-    cache.delta_state(layer, new_state).copy_(new_state)  # in place: a CUDA graph of the decoding step keeps its buffers
-    out = module.norm(out.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
-    return module.out_proj(out.reshape(B, W, -1))
-
-
-class _RowLayers:
-    """Within this context the model's attention layers use `implementation` (the config is read at every forward)
-    and its layers with a recurrent state run _row_conv (LFM2) or _row_delta (Qwen3.5); with implementation None
-    nothing changes."""
-
-    def __init__(self, model, implementation, states):
-        self.config, self.implementation = model.config, implementation
-        self.states = states if implementation else {}
-
-    def __enter__(self):
-        self.saved = self.config._attn_implementation
-        if self.implementation:
-            self.config._attn_implementation = self.implementation
-        for layer, (kind, module) in self.states.items():
-            module.forward = functools.partial(_row_conv if kind == "conv" else _row_delta, module, layer)
-
-    def __exit__(self, *exc):
-        self.config._attn_implementation = self.saved
-        for _, module in self.states.values():
-            del module.forward  # the class's own forward again
-
-
-# ----------------------------------------------------------------------------- policies
+# ----------------------------------------------------------------------------- a Hugging Face model as a policy
 
 
 class NonFiniteLogits(RuntimeError):
     """The model's logits are NaN or inf (its weights are), so no reply can be sampled."""
 
 
-class HFPolicy:
-    """A Hugging Face causal LM as a policy, on its own decoding loop over the same model (see the module doc).
+def pick_engine(name, model, **options):
+    """The engine of HFPolicy's turns: "hf" (GenerateEngine: generate(), the reference), "fast" (engine.FastEngine:
+    a KV cache row per episode for the whole game, CUDA graphs) or "auto": the fast one where it holds the model's
+    layers (it is the faster on a GPU and on a CPU: bench.py), else generate()."""
+    if name not in ("auto", "hf", "fast"):
+        raise ValueError(f"unknown engine {name!r}: auto, hf or fast")
+    if name == "fast" and not engine.FastEngine.fits(model):
+        raise SystemExit(f"--engine fast: the fast engine cannot hold this model's layers "
+                         f"({sorted(set(getattr(model.config, 'layer_types', None) or ['?']))}); use --engine hf or auto")
+    if name == "hf" or (name == "auto" and not engine.FastEngine.fits(model)):
+        return GenerateEngine(model)
+    return engine.FastEngine(model, **options)
 
-    Plain-attention models (Llama, Qwen3, Gemma 3, ...): each rollout batch of up to `batch_size` episodes keeps one
-    RowCache for the whole game; a turn encodes only each row's new tokens (the previous reply's last token, the
-    environment's message) and decodes from there, one forward and the sampling per token (on a GPU a CUDA graph of
-    it, captured once a turn, unless cuda_graphs=False). LFM2 and Qwen3.5 too: their convolutions and linear
-    attention keep their state in the rows. Other layer kinds re-encode the conversation every turn with the model's
-    own cache (`reuse_cache` False does that for all)."""
+
+class HFPolicy:
+    """A Hugging Face causal LM as a policy. Each turn brings every episode's token ids up to the generation prompt
+    (the environment's message as the chat template's tokens, ChatTokens), has the engine sample the replies (the
+    same seeded draws on either engine: sample_replies), and appends them to the trajectories: `ids` (prompt, every
+    reply with its end-of-turn token, every environment message), `mask` (1 exactly on the model's tokens) and
+    `logprobs` (of those tokens under the sampling temperature, 0 elsewhere)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                 reuse_cache=True, min_new_tokens=0, seed=0, cuda_graphs=True, decode_by_matmul=None):
+                 min_new_tokens=0, seed=0, engine="auto", **engine_options):
         self.model, self.tokenizer, self.seed = model, tokenizer, seed
-        self.cache_kw = cache_kwarg(model)
         self.chat = ChatTokens(tokenizer, system_prompt)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
-        states = state_modules(model)
-        self.reuse_cache = reuse_cache and row_cache_fits(model.config, states)
-        self.states = states if self.reuse_cache else {}
-        self.window, self.window_layers_only = sliding_window(model.config)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
         self.gen_tokens = 0  # sampled tokens, for throughput
-        # on a GPU: sample under bf16 autocast, as the model trains (a trained model keeps fp32 weights, load_model),
-        # and keep the KV cache in bf16
-        self.autocast = model.device.type == "cuda"
-        self.cuda_graphs = cuda_graphs and self.autocast
-        self.decode_by_matmul = self.autocast if decode_by_matmul is None else decode_by_matmul  # _grouped_attention
+        self.engine = pick_engine(engine, model, **engine_options)
 
     def __call__(self, episodes):
         for ep in episodes:  # bring each trajectory up to the generation prompt of this turn
-            if "ids" not in ep:
-                ids = self.chat.prompt_ids(ep["messages"])
-                ep.update(ids=ids, mask=[0] * len(ids), logprobs=[0.0] * len(ids), kv_len=0)
-            else:
-                new = self.chat.turn_ids(ep["messages"][-1])
-                ep["ids"] += new
-                ep["mask"] += [0] * len(new)
-                ep["logprobs"] += [0.0] * len(new)
-        if self.reuse_cache:  # episodes go on in their rollout batch's cache; new ones start batches of batch_size
-            groups = {}
-            for ep in episodes:
-                if "kv" in ep:
-                    groups.setdefault(id(ep["kv"]), (ep["kv"], []))[1].append(ep)
-            for cache, batch in groups.values():
-                cache.gather([ep["kv_row"] for ep in batch])
-            new = [ep for ep in episodes if "kv" not in ep]
-            batches = list(groups.values()) + [(RowCache(torch.bfloat16 if self.autocast else self.model.dtype), new[i:i + self.batch_size])
-                                               for i in range(0, len(new), self.batch_size)]
-            for cache, batch in batches:
-                for row, ep in enumerate(batch):
-                    ep.update(kv=cache, kv_row=row)
-        else:
-            batches = [(None, episodes[i:i + self.batch_size]) for i in range(0, len(episodes), self.batch_size)]
-        replies = {}
-        for cache, batch in batches:
-            replies.update(zip(map(id, batch), self._turn(batch, cache)))
-        return [replies[id(ep)] for ep in episodes]
+            new = self.chat.prompt_ids(ep["messages"]) if "ids" not in ep else self.chat.turn_ids(ep["messages"][-1])
+            ep.setdefault("ids", []).extend(new)
+            ep.setdefault("mask", []).extend([0] * len(new))
+            ep.setdefault("logprobs", []).extend([0.0] * len(new))
+        return [self._record(ep, toks, lps) for ep, (toks, lps) in zip(episodes, self.engine.turn(self, episodes))]
 
-    @torch.no_grad()
-    def _turn(self, episodes, cache):
-        """One turn of a batch: encode what is new, sample every reply, append them to the trajectories."""
-        device = self.model.device
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast), \
-                _RowLayers(self.model, _grouped_attention(self.decode_by_matmul) if cache else None, self.states):
-            logits, step = self._continue(episodes, cache) if cache else self._reencode(episodes)
-            if self.cuda_graphs and cache:
-                step = self._graphed(step, cache)
-            tokens, logprobs, n_sampled = self._sample_replies(logits, step, self._uniforms(episodes, device),
-                                                               self._forced(episodes, device))
-        tokens, logprobs, n_sampled = tokens.cpu(), logprobs.cpu(), n_sampled.tolist()
+    def _record(self, ep, toks, lps):
+        """Append one reply's sampled tokens (its stop token included, if it stopped) to the trajectory; its text."""
+        stopped = toks[-1] in self.chat.stop_ids
+        self.gen_tokens += len(toks)
+        ep["ids"] += toks
+        ep["mask"] += [1] * len(toks)
+        ep["logprobs"] += lps
+        if toks[-1] != self.chat.eot_id:  # cut off (or another eos): close the turn, not trained on
+            ep["ids"].append(self.chat.eot_id)
+            ep["mask"].append(0)
+            ep["logprobs"].append(0.0)
+        ep["truncated"] = ep.get("truncated", 0) + (not stopped)
+        return self.tokenizer.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
+
+    def sample_replies(self, logits, step, episodes):
+        """[(tokens, logprobs)] of each episode's reply, sampled from the first logits (B, V) and each token fed back
+        through step(tokens (B,)) -> logits (B, V), the engine's decoding step."""
+        device = logits.device
+        uniforms, forced = self._uniforms(episodes, device), self._forced(episodes, device)
+        stop_ids = torch.tensor(self.chat.stop_ids, device=device)
+        tokens, logprobs = [], []
+        done = torch.zeros(len(episodes), dtype=torch.bool, device=device)
+        check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
+        for t in range(self.max_new_tokens):
+            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids,
+                                          None if forced is None else forced[:, t])
+            tokens.append(token)
+            logprobs.append(logprob)
+            done |= torch.isin(token, stop_ids)
+            if t + 1 == self.max_new_tokens or (t % check == check - 1 and bool(done.all())):
+                break
+            logits = step(token)
+        return self.replies(torch.stack(tokens, 1), torch.stack(logprobs, 1))
+
+    def replies(self, tokens, logprobs):
+        """[(tokens, logprobs)] per row of (B, L) sampled tokens and their logprobs, each cut after its stop token."""
+        tokens, logprobs = tokens.cpu(), logprobs.cpu()
         if self.temp and not torch.isfinite(logprobs).all():  # checked once a turn: a check per token would stall the GPU
             raise NonFiniteLogits("the model's logits are not finite (NaN or inf weights), so its samples mean nothing")
-        replies = []
-        for b, ep in enumerate(episodes):
-            toks, lps = tokens[b, :n_sampled[b]].tolist(), logprobs[b, :n_sampled[b]].tolist()
-            stopped = toks[-1] in self.chat.stop_ids
-            if cache:  # every sampled token but the last went into the cache
-                ep["kv_len"] = len(ep["ids"]) + len(toks) - 1
-            self.gen_tokens += len(toks)
-            ep["ids"] += toks
-            ep["mask"] += [1] * len(toks)
-            ep["logprobs"] += lps
-            if toks[-1] != self.chat.eot_id:  # cut off (or another eos): close the turn, not trained on
-                ep["ids"].append(self.chat.eot_id)
-                ep["mask"].append(0)
-                ep["logprobs"].append(0.0)
-            ep["truncated"] = ep.get("truncated", 0) + (not stopped)
-            replies.append(self.tokenizer.decode(toks[:-1] if stopped else toks, skip_special_tokens=True))
-        return replies
-
-    def _continue(self, episodes, cache):
-        """Prefill of a RowCache turn: each row's tokens not yet cached, right-aligned so that the last column holds
-        every row's last token; padding columns write to the cache's spare last position and look at position 0.
-        Returns the logits (B, V) of the first reply token and the decoding step."""
-        device, B = self.model.device, len(episodes)
-        ends = [len(ep["ids"]) for ep in episodes]
-        span = -(-(max(ends) + self.max_new_tokens) // 64) * 64  # key positions a step attends: fixed for the turn
-        cache.reserve(B, span, room=2 * (self.max_new_tokens + 64))  # grows about every other turn
-        # new episodes with the same prompt (the rollouts of one example) are encoded once, their row then copied
-        # for each: the prefill is the turn's biggest forward, and a group shares it
-        first, source, unique = {}, [], []  # row b of the turn is row source[b] of the prefill
-        for b, ep in enumerate(episodes):
-            key = tuple(ep["ids"]) if ep["kv_len"] == 0 else b
-            if key not in first:
-                first[key] = len(unique)
-                unique.append(ep)
-            source.append(first[key])
-        pending = [ep["ids"][ep["kv_len"]:] for ep in unique]
-        U, W = len(unique), max(map(len, pending))
-        ids = torch.full((U, W), self.pad_id, dtype=torch.long)  # (U, W)
-        pos = torch.zeros((U, W), dtype=torch.long)
-        write = torch.full((U, W), cache.capacity - 1, dtype=torch.long)
-        real = torch.zeros((U, W), dtype=torch.bool)
-        for u, (ep, new) in enumerate(zip(unique, pending)):
-            ids[u, W - len(new):] = torch.tensor(new)
-            pos[u, W - len(new):] = write[u, W - len(new):] = torch.arange(ep["kv_len"], len(ep["ids"]))
-            real[u, W - len(new):] = True
-        pos, real = pos.to(device), real.to(device)
-        cache.write, cache.span, cache.real = write.to(device), span, real
-        logits = self.model(input_ids=ids.to(device), position_ids=pos, attention_mask=self._masks(pos, real, span),
-                            **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
-        if U < B:
-            cache.gather(source)
-            logits = logits[torch.tensor(source, device=device)]  # (B, V)
-        cache.lengths = torch.tensor(ends, device=device)
-        token_in, real1 = torch.zeros((B, 1), dtype=torch.long, device=device), torch.ones((B, 1), dtype=torch.bool, device=device)
-        cache.live, stops = torch.ones(B, dtype=torch.bool, device=device), torch.tensor(self.chat.stop_ids, device=device)
-
-        def step(tokens):  # (B,) -> logits (B, V): one token per row at the row's end; no host sync, fixed shapes
-            token_in.copy_(tokens[:, None])
-            cache.live &= ~torch.isin(tokens, stops)  # the stop token itself is the next turn's first cached token
-            pos = cache.lengths[:, None]  # (B, 1)
-            cache.write, cache.real = pos, None
-            out = self.model(input_ids=token_in, position_ids=pos, attention_mask=self._masks(pos, real1, span),
-                             **{self.cache_kw: cache}, use_cache=True).logits[:, -1]
-            cache.lengths += 1
-            return out
-        return logits, step
-
-    def _masks(self, pos, real, span):
-        """(B, 1, W, span) masks, True where query (b, w) at position pos[b, w] may look: its row's positions up to its
-        own (within the sliding window for sliding layers); padding columns look at position 0 only (a row of no
-        keys at all would be NaN). Given per layer type where the types mix: sliding and full attention (Gemma 3), or
-        convolutions, which take none (LFM2)."""
-        keys = torch.arange(span, device=pos.device)
-        seen = (keys <= pos[..., None]) & real[..., None]  # (B, W, span)
-        pad = (keys == 0) & ~real[..., None]
-        full = (seen | pad)[:, None]
-        if self.window is None:
-            return {"full_attention": full, "conv": None, "linear_attention": None} if self.states else full
-        near = (seen & (keys > pos[..., None] - self.window) | pad)[:, None]
-        return {"full_attention": full, "sliding_attention": near} if self.window_layers_only else near
-
-    def _reencode(self, episodes):
-        """reuse_cache False, or layers the RowCache cannot hold: the whole conversation, left-padded, through the
-        model's own cache, every turn. Returns the first logits (B, V) and the decoding step."""
-        device, B = self.model.device, len(episodes)
-        W = max(len(ep["ids"]) for ep in episodes)
-        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
-        att = torch.zeros((B, W), dtype=torch.long)
-        for b, ep in enumerate(episodes):
-            ids[b, W - len(ep["ids"]):] = torch.tensor(ep["ids"])
-            att[b, W - len(ep["ids"]):] = 1
-        att = att.to(device)
-        pos = (att.cumsum(1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids.to(device), attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
-        state = {"cache": returned_cache(out), "att": att, "pos": pos[:, -1:]}
-
-        def step(tokens):  # (B,) -> logits (B, V)
-            state["att"] = torch.cat([state["att"], state["att"].new_ones((B, 1))], 1)
-            state["pos"] = state["pos"] + 1
-            return self.model(input_ids=tokens[:, None], attention_mask=state["att"], position_ids=state["pos"],
-                              **{self.cache_kw: state["cache"]}, use_cache=True).logits[:, -1]
-        return out.logits[:, -1], step
-
-    def _graphed(self, step, cache):
-        """The decoding step captured as a CUDA graph for this turn's batch and span: one launch per token instead of
-        a few hundred kernels. If capture fails the step runs as it is."""
-        saved = cache.snapshot()
-        tokens = torch.zeros_like(cache.lengths)
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step(tokens)  # warm-up outside the graph: kernels chosen, autocast's weight casts cached
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = step(tokens)
-        except RuntimeError as e:
-            print(f"CUDA graph capture failed ({str(e).splitlines()[0][:200]}); decoding without graphs")
-            self.cuda_graphs = False
-            cache.rewind(saved)
-            return step
-        cache.rewind(saved)  # the warm-up step counted a token per row and moved the recurrent states on
-
-        def replay(new_tokens):
-            tokens.copy_(new_tokens)
-            graph.replay()
-            return logits
-        # the graph reads and writes buffers that only the eager step holds (its token input, its one-column mask):
-        # freed with it, their memory would go to other tensors while the graph still writes there
-        replay.eager_step = step
-        return replay
+        stopped = torch.isin(tokens, torch.tensor(self.chat.stop_ids))  # (B, L)
+        n = torch.where(stopped.any(1), stopped.int().argmax(1) + 1, tokens.shape[1]).tolist()  # the first stop, included
+        return [(tokens[b, :n[b]].tolist(), logprobs[b, :n[b]].tolist()) for b in range(len(n))]
 
     def _uniforms(self, episodes, device):
         """(B, max_new_tokens) uniform numbers in [0, 1), one per token this turn may sample: row b's are drawn from
@@ -616,30 +230,6 @@ class HFPolicy:
                 ids = self.chat.reply_ids(ep["force"])[:self.max_new_tokens]
                 forced[b, :len(ids)] = torch.tensor(ids)
         return forced.to(device)
-
-    def _sample_replies(self, logits, step, uniforms, forced):
-        """Sample up to max_new_tokens per row from the first logits (B, V), feeding each token back through step();
-        token t of row b is drawn with uniforms[b, t], or is forced[b, t] where forced is given and that is not -1.
-        Returns tokens (B, L), their logprobs under softmax(logits / temp) (temperature 1 when greedy), and the
-        number of tokens of each reply (B,), its stop token included."""
-        B, device = logits.shape[0], logits.device
-        stop_ids = torch.tensor(self.chat.stop_ids, device=device)
-        tokens = torch.zeros((B, self.max_new_tokens), dtype=torch.long, device=device)
-        logprobs = torch.zeros((B, self.max_new_tokens), device=device)
-        n_sampled = torch.full((B,), self.max_new_tokens, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
-        for t in range(self.max_new_tokens):
-            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids,
-                                          None if forced is None else forced[:, t])
-            tokens[:, t], logprobs[:, t] = token, logprob
-            stopped = torch.isin(token, stop_ids) & ~done
-            n_sampled = torch.where(stopped, t + 1, n_sampled)
-            done |= stopped
-            if t + 1 == self.max_new_tokens or (t % check == check - 1 and bool(done.all())):
-                break
-            logits = step(token)
-        return tokens[:, :t + 1], logprobs[:, :t + 1], n_sampled.long()
 
     def _sample(self, logits, uniform, suppress_stop, stop_ids, forced):
         """(token (B,), its logprob (B,)) from logits (B, V) and one uniform number per row (B,): inverse-CDF
@@ -667,6 +257,53 @@ class HFPolicy:
         if forced is not None:
             token = torch.where(forced >= 0, forced, token)
         return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+class GenerateEngine:
+    """Turns through Hugging Face generate(), the reference engine: each turn, a batch's trajectories so far, left-padded,
+    go through generate() whole (its own KV cache, for this turn only); a logits processor draws each token as
+    HFPolicy draws it (_sample: the seeded inverse-CDF draw, a forced token, the logprob at the sampling temperature)
+    and leaves generate() nothing else to choose. Simple and exact, but every turn re-encodes the conversation:
+    engine.FastEngine continues each episode's cache instead."""
+    name = "hf"
+
+    def __init__(self, model):
+        self.model = model
+        self.autocast = model.device.type == "cuda"  # as the fast engine: bf16 on a GPU, whatever the weights
+
+    @torch.no_grad()
+    def turn(self, policy, episodes):
+        out = []
+        for i in range(0, len(episodes), policy.batch_size):
+            out += self._batch(policy, episodes[i:i + policy.batch_size])
+        return out
+
+    def _batch(self, policy, episodes):
+        from transformers import GenerationConfig, LogitsProcessorList
+        device, B = self.model.device, len(episodes)
+        W = max(len(ep["ids"]) for ep in episodes)
+        ids = torch.full((B, W), policy.pad_id, dtype=torch.long)  # (B, W), left-padded
+        att = torch.zeros((B, W), dtype=torch.long)
+        for b, ep in enumerate(episodes):
+            ids[b, W - len(ep["ids"]):] = torch.tensor(ep["ids"])
+            att[b, W - len(ep["ids"]):] = 1
+        uniforms, forced = policy._uniforms(episodes, device), policy._forced(episodes, device)
+        stop_ids = torch.tensor(policy.chat.stop_ids, device=device)
+        tokens, logprobs = [], []
+
+        def choose(input_ids, scores):  # (B, V) fp32 logits -> scores whose only finite entry is the drawn token
+            t = len(tokens)
+            token, logprob = policy._sample(scores, uniforms[:, t], t < policy.min_new_tokens, stop_ids,
+                                            None if forced is None else forced[:, t])
+            tokens.append(token)
+            logprobs.append(logprob)
+            return torch.full_like(scores, float("-inf")).scatter(1, token[:, None], 0.0)
+        config = GenerationConfig(max_new_tokens=policy.max_new_tokens, do_sample=False, eos_token_id=policy.chat.stop_ids,
+                                  pad_token_id=policy.pad_id)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            self.model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=config,
+                                logits_processor=LogitsProcessorList([choose]))
+        return policy.replies(torch.stack(tokens, 1), torch.stack(logprobs, 1))
 
 
 class APIError(RuntimeError):
@@ -783,14 +420,15 @@ class ScriptedPolicy:
 
 
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True):
+                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True,
+                engine="auto"):
     """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
     if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
         return ScriptedPolicy(env, model, random_move_prob)
     if api_base:
         return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
     lm, tokenizer = load_model(model, device)
-    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed)
+    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine)
 
 
 # ----------------------------------------------------------------------------- the rollout loop
@@ -930,6 +568,8 @@ def add_policy_args(p):
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
     p.add_argument("--batch_size", type=int, default=256, help="max episodes per rollout batch (bounds the KV cache's memory)")
+    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto", help="HF models: the rollout engine, hf "
+                   "(generate(), the reference) or fast (engine.py); auto: fast wherever it holds the model's layers")
     p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL; --model is then the served model name")
@@ -955,7 +595,7 @@ POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value mus
 def policy_from_args(args, env, temp=None):
     return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
                        args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob,
-                       args.seed, not args.no_api_seed)
+                       args.seed, not args.no_api_seed, args.engine)
 
 
 def main():

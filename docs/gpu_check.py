@@ -78,13 +78,14 @@ def exact():
         for bf16 in (False, True):
             for temp in (0.0, 1.0):
                 runs = {}
-                for label, graphs, reuse in (("graphs", True, True), ("eager", False, True), ("reencode", False, False)):
-                    policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=24, batch_size=8,
-                                      reuse_cache=reuse, seed=3, cuda_graphs=graphs)
-                    policy.autocast = bf16
+                for label, graphs, engine in (("graphs", True, "fast"), ("eager", False, "fast"), ("reencode", False, "hf")):
+                    options = {"cuda_graphs": graphs} if engine == "fast" else {}
+                    policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=24, batch_size=8, seed=3,
+                                      engine=engine, **options)
+                    policy.engine.autocast = bf16
                     runs[label] = rollout(env, env.examples(6, seed=1), policy, group=2, progress=False)
-                    if graphs and policy.reuse_cache and DEV == "cuda":
-                        assert policy.cuda_graphs, "CUDA graph capture failed"
+                    if graphs and DEV == "cuda":
+                        assert policy.engine.cuda_graphs, "CUDA graph capture failed"
                 g, e, r = runs["graphs"], runs["eager"], runs["reencode"]
                 same_ge = all(a["ids"] == b["ids"] and a["logprobs"] == b["logprobs"] for a, b in zip(g, e))
                 same_gr = sum(a["ids"] == b["ids"] for a, b in zip(g, r)) / len(g)
@@ -105,22 +106,22 @@ def sync():
 
 
 def compile_decoding():
-    """An experiment, not in sample.py: decoding steps run the decoder layers compiled (common.compile_layers,
+    """An experiment, not in engine.py: decoding steps run the decoder layers compiled (common.compile_layers,
     inductor) inside the engine's CUDA graph, to fuse the small kernels of a decoding step (a Qwen3-0.6B step on an
     H100: ~1,250 kernels, ~7 of its ~15 ms outside attention). The RowCache's update stays eager (a graph break),
     and modules' int attributes stay dynamic, so the layer index (the cache's key) does not make one graph per
-    layer. Patches sample.HFPolicy for the rest of the process (bench.main too); returns the undo."""
+    layer. Patches engine.FastEngine for the rest of the process (bench.main too); returns the undo."""
     import torch._dynamo
-    import sample
+    import engine
     from common import compile_layers, compiled_layers
     saved = (torch._dynamo.config.allow_unspec_int_on_nn_module, torch._dynamo.config.recompile_limit,
-             sample.RowCache.update, sample.HFPolicy._continue)
+             engine.RowCache.update, engine.FastEngine._continue)
     torch._dynamo.config.allow_unspec_int_on_nn_module = True
     torch._dynamo.config.recompile_limit = 32
-    sample.RowCache.update = torch._dynamo.disable(saved[2])
+    engine.RowCache.update = torch._dynamo.disable(saved[2])
 
-    def _continue(self, episodes, cache):
-        logits, step = saved[3](self, episodes, cache)
+    def _continue(self, policy, episodes, cache):
+        logits, step = saved[3](self, policy, episodes, cache)
         if not hasattr(self.model.get_decoder().layers[0], "compiled_call"):
             compile_layers(self.model, "on", self.model.device.type)
 
@@ -128,11 +129,11 @@ def compile_decoding():
             with compiled_layers(self.model):
                 return step(tokens)
         return logits, compiled_step
-    sample.HFPolicy._continue = _continue
+    engine.FastEngine._continue = _continue
 
     def undo():
         (torch._dynamo.config.allow_unspec_int_on_nn_module, torch._dynamo.config.recompile_limit,
-         sample.RowCache.update, sample.HFPolicy._continue) = saved
+         engine.RowCache.update, engine.FastEngine._continue) = saved
     return undo
 
 
@@ -157,8 +158,8 @@ def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64, engine_only=
     timings, replay = {}, {}
     for graphs, by_matmul, compiled in ((False, True, False), (True, False, False), (True, True, False), (True, True, True)):
         policy = HFPolicy(model, tok, env.system_prompt, temp=1.1, max_new_tokens=new_tokens, batch_size=episodes,
-                          min_new_tokens=new_tokens, cuda_graphs=graphs, decode_by_matmul=by_matmul)
-        label = "engine (RowCache), " + ("a CUDA graph per turn" if policy.cuda_graphs else "eager")
+                          min_new_tokens=new_tokens, engine="fast", cuda_graphs=graphs, decode_by_matmul=by_matmul)
+        label = "engine (RowCache), " + ("a CUDA graph per turn" if policy.engine.cuda_graphs else "eager")
         label += ", decoding attention by " + ("matrix products" if by_matmul else "SDPA")
         label += ", layers compiled (experiment)" if compiled else ""
         undo = compile_decoding() if compiled else (lambda: None)
@@ -169,7 +170,7 @@ def generate(shape, episodes=256, prompt_tokens=190, new_tokens=64, engine_only=
             sync()
             timings.setdefault(label, []).append(time.time() - t0)
         undo()
-        replay[label] = max(replay_logprobs(model, rec, 1.1, policy.autocast) for rec in recs[:8])
+        replay[label] = max(replay_logprobs(model, rec, 1.1, policy.engine.autocast) for rec in recs[:8])
     prompt = len(recs[0]["ids"]) - new_tokens - 1
     ids = torch.randint(10, model.config.vocab_size, (episodes, prompt), device=DEV)
     if DEV == "cuda" and not engine_only:  # generate() in the weights' bf16 (a static cache takes the model's dtype, not autocast's)

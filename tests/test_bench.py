@@ -19,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 def test_bench_cli_runs_the_stated_workload(tmp_path):
-    """python bench.py --shape tiny: every episode is exactly system + turns x (reply + environment message), the
-    table is printed and the JSON line carries the flags; with a bandwidth and a peak given, floor and MFU are
+    """python bench.py --shape tiny: every episode is exactly system + turns x (reply + environment message), on both
+    engines, the table is printed and the JSON line carries the flags; with a bandwidth and a peak given, floor and MFU are
     filled in on a CPU too; --profile prints the costliest operators of a generation and an update."""
     out = tmp_path / "bench.jsonl"
     printed = run_main("bench", ["--shape", "tiny", "--examples", "3", "--group", "2", "--turns", "3", "--reply_tokens", "8",
@@ -28,7 +28,10 @@ def test_bench_cli_runs_the_stated_workload(tmp_path):
                                  "--bandwidth", "1e11", "--peak_tflops", "1", "--profile", "3", "--out", str(out)])
     assert "| tiny |" in printed and "Device: CPU" in printed
     assert "tiny: generation, by cpu_time_total" in printed and "tiny: update, by cpu_time_total" in printed
-    row = json.loads(out.read_text().splitlines()[-1])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["engine"] for r in rows] == ["fast", "hf"] and "| tiny | fast |" in printed and "| tiny | hf |" in printed
+    assert rows[0]["gen_tokens"] == rows[1]["gen_tokens"] and rows[0]["train_tokens"] == rows[1]["train_tokens"]
+    row = rows[-1]
     assert row["episodes"] == 6 and row["gen_tokens"] == 6 * 3 * 8 and row["decode_steps"] == 3 * 8
     assert row["args"]["reply_tokens"] == 8 and row["floor_frac"] > 0 and row["mfu"] > 0
     env = bench.FixedEnv(20, 5, 3)
@@ -63,7 +66,7 @@ def test_fixed_replies_and_one_forward_per_token(sharp_model, short_env):
     calls = []
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, min_new_tokens=6)
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, min_new_tokens=6, engine="fast")
         recs = rollout(short_env, short_env.examples(3, seed=0), policy, progress=False)
     finally:
         handle.remove()

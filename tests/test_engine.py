@@ -1,11 +1,11 @@
-"""The rollout engine on tiny random models of the real architectures our users train: Qwen3, Gemma 3 (sliding
-window on alternate layers), LFM2 (short convolutions) and Qwen3.5 (linear attention), each built offline from
-transformers' config classes, saved with save_pretrained and a chat template of its family, and loaded back with
-common.load_model like a hub model.
+"""The two rollout engines on tiny random models of the real architectures our users train: Llama, Qwen3, Gemma 3
+(sliding window on alternate layers), LFM2 (short convolutions) and Qwen3.5 (linear attention), each built offline
+from transformers' config classes, saved with save_pretrained and a chat template of its family, and loaded back
+with common.load_model like a hub model.
 
 Each must be token-exact (greedy tokens are the argmax of an unpadded forward over the whole trajectory) and
-logprob-exact (at the sampling temperature); all four run on the RowCache (LFM2's and Qwen3.5's recurrent states
-in its rows too) and must match re-encoding every turn through the model's own cache.
+logprob-exact (at the sampling temperature) on both engines; all five run on the fast engine's RowCache (LFM2's and
+Qwen3.5's recurrent states in its rows too), whose rollouts must be generate()'s (the reference engine's).
 """
 import contextlib
 import sys
@@ -19,7 +19,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import common  # noqa: E402
+from engine import FastEngine  # noqa: E402
 from sample import HFPolicy, branch, new_episode, rollout  # noqa: E402
+from sft import CHATML  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN  # noqa: E402
 from test_sample import check_layout, replay_logits  # noqa: E402
 
@@ -40,6 +42,7 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_atte
 # matrices that makes greedy replies depend on the context: conftest.SHARPEN where it does, less where SHARPEN
 # saturates the model into repeating one token)
 ARCHS = {
+    "llama": ("llama", dict(head_dim=8), CHATML, [], True, SHARPEN),
     "qwen3": ("qwen3", dict(head_dim=8), QWEN3_STYLE_TEMPLATE, [], True, SHARPEN),
     "gemma3": ("gemma3_text", dict(head_dim=8, sliding_window=8, query_pre_attn_scalar=8,
                                    layer_types=["sliding_attention", "full_attention"] * 2),
@@ -77,13 +80,14 @@ def arch(request, tiny_model_dir, tmp_path_factory):
     return request.param, model, tok
 
 
-def test_greedy_rollout_is_token_exact(arch, short_env):
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_greedy_rollout_is_token_exact(arch, short_env, engine):
     """Multi-turn greedy rollouts in batches of different lengths: every sampled token is the argmax of one
     unpadded forward over the whole trajectory, its logprob that forward's (the recurrent layers' chunked and
     step-by-step kernels differ by ~1e-4 in float32)."""
     name, model, tok = arch
-    policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16, batch_size=4)
-    assert policy.reuse_cache == ARCHS[name][4]
+    policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16, batch_size=4, engine=engine)
+    assert FastEngine.fits(model) == ARCHS[name][4] and policy.engine.name == engine
     recs = rollout(short_env, short_env.examples(6, seed=1), policy, progress=False)
     replies = {tuple(t for t, m in zip(r["ids"], r["mask"]) if m) for r in recs}
     assert len(replies) >= 2, "the replies depend on the context"
@@ -145,15 +149,18 @@ def test_compiled_update_gives_eager_gradients(arch, request):
         torch.testing.assert_close(a, b, atol=1e-5 * float(a.abs().max().clamp(min=1)), rtol=1e-4)
 
 
-def test_row_cache_equals_reencoding(arch, short_env):
-    """The RowCache path gives the tokens and logprobs of re-encoding every turn."""
+def test_the_fast_engine_gives_the_reference_engines_rollouts(arch, short_env):
+    """--engine fast (the RowCache, each turn encoding only what is new) gives the greedy tokens and the recorded
+    logprobs of --engine hf (generate() over each trajectory, left-padded, every turn)."""
     name, model, tok = arch
     runs = {}
-    for reuse in (True, False):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16, batch_size=4, reuse_cache=reuse)
-        runs[reuse] = rollout(short_env, short_env.examples(6, seed=4), policy, progress=False)
-    assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
-    for a, b in zip(runs[True], runs[False]):
+    for engine in ("fast", "hf"):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=16, batch_size=4, engine=engine)
+        assert policy.engine.name == engine
+        runs[engine] = rollout(short_env, short_env.examples(6, seed=4), policy, progress=False)
+    assert [r["ids"] for r in runs["fast"]] == [r["ids"] for r in runs["hf"]], name
+    assert [r["mask"] for r in runs["fast"]] == [r["mask"] for r in runs["hf"]], name
+    for a, b in zip(runs["fast"], runs["hf"]):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=5e-4, rtol=0)
 
 
@@ -165,7 +172,7 @@ def reply_lengths(rec):
 
 def test_rows_that_stop_early_keep_their_state(arch, short_env):
     """A row whose reply ends before the others' keeps decoding with them (fixed shapes), and what that feeds must
-    not reach its next turn: the same tokens and logprobs as re-encoding, with replies of different lengths in one
+    not reach its next turn: the same tokens and logprobs as generate() re-encoding every turn, with replies of different lengths in one
     turn. The tiny models end no reply on their own before the token limit, so the end of turn gets a bias in
     the LM head, the smallest of a few that gives such a turn."""
     name, model, tok = arch
@@ -180,18 +187,18 @@ def test_rows_that_stop_early_keep_their_state(arch, short_env):
             with torch.no_grad():
                 biased.bias[HFPolicy(model, tok, short_env.system_prompt).chat.eot_id] = bias
             runs = {}
-            for reuse in (True, False):
-                policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=24, batch_size=6, reuse_cache=reuse)
-                runs[reuse] = rollout(short_env, short_env.examples(6, seed=4), policy, progress=False)
-            turns = [reply_lengths(r)[:-1] for r in runs[True]]  # tokens sampled each turn that another turn follows
+            for engine in ("fast", "hf"):
+                policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=24, batch_size=6, engine=engine)
+                runs[engine] = rollout(short_env, short_env.examples(6, seed=4), policy, progress=False)
+            turns = [reply_lengths(r)[:-1] for r in runs["fast"]]  # tokens sampled each turn that another turn follows
             if any(len({t[i] for t in turns if len(t) > i}) > 1 for i in range(2)):
                 break
         else:
             pytest.fail(f"no bias gave replies of different lengths in one turn: {turns}")
     finally:
         model.set_output_embeddings(head)
-    assert [r["ids"] for r in runs[True]] == [r["ids"] for r in runs[False]]
-    for a, b in zip(runs[True], runs[False]):
+    assert [r["ids"] for r in runs["fast"]] == [r["ids"] for r in runs["hf"]]
+    for a, b in zip(runs["fast"], runs["hf"]):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=5e-4, rtol=0)
 
 
@@ -240,14 +247,14 @@ def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypat
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    graphed = HFPolicy._graphed
+    graphed = FastEngine._graphed
 
     def spy(self, step, cache):
         captured[:] = [weakref.ref(c.cell_contents) for c in step.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
         return graphed(self, step, cache)
-    monkeypatch.setattr(HFPolicy, "_graphed", spy)
-    policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, batch_size=4)
-    policy.cuda_graphs = True  # on this CPU, with the stand-ins above
+    monkeypatch.setattr(FastEngine, "_graphed", spy)
+    policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, batch_size=4, engine="fast")
+    policy.engine.cuda_graphs = True  # on this CPU, with the stand-ins above
     rollout(short_env, short_env.examples(2, seed=0), policy, group=2, progress=False)
     assert len(captured) >= 2 and replays and all(replays), "a graph replayed after the eager step's buffers were freed"
 
@@ -271,7 +278,7 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
         capturing.pop()
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
-    graphed = HFPolicy._graphed
+    graphed = FastEngine._graphed
 
     def recording(self, step, cache):
         def recorded(tokens):
@@ -280,11 +287,11 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
                 capturing[-1].step, capturing[-1].tokens, capturing[-1].output = step, tokens, output
             return output
         return graphed(self, recorded, cache)
-    monkeypatch.setattr(HFPolicy, "_graphed", recording)
+    monkeypatch.setattr(FastEngine, "_graphed", recording)
     runs = []
     for graphs in (False, True):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.3, max_new_tokens=12, batch_size=4)
-        policy.cuda_graphs = graphs and policy.reuse_cache  # on this CPU, with the stand-ins above
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.3, max_new_tokens=12, batch_size=4, engine="fast")
+        policy.engine.cuda_graphs = graphs  # on this CPU, with the stand-ins above
         runs.append(rollout(short_env, short_env.examples(4, seed=6), policy, group=3, progress=False))
     assert [(r["ids"], r["logprobs"]) for r in runs[0]] == [(r["ids"], r["logprobs"]) for r in runs[1]]
 
@@ -292,11 +299,11 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
 def test_copied_episodes_go_on_from_their_row(arch, short_env):
     """An episode branched mid-game (sample.branch: eval.certify branches every line over the opponent's replies)
     continues from its parent's cache row (its keys and values, and LFM2's convolution state): the same tokens and
-    logprobs as re-encoding; the parent's trajectory is left as it was."""
+    logprobs as generate() re-encoding every turn; the parent's trajectory is left as it was."""
     name, model, tok = arch
     runs = {}
-    for reuse in (True, False):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10, reuse_cache=reuse)
+    for engine in ("fast", "hf"):
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10, engine=engine)
         episodes = [new_episode(short_env, ex) for ex in short_env.examples(3, seed=8)]
         for _ in range(2):  # each turn, every episode branches in two: a copy gets a different message
             replies = policy(episodes)
@@ -311,10 +318,10 @@ def test_copied_episodes_go_on_from_their_row(arch, short_env):
         kept = [(len(ep["ids"]), len(ep["messages"])) for ep in parents]
         policy(episodes)
         assert [(len(ep["ids"]), len(ep["messages"])) for ep in parents] == kept
-        runs[reuse] = episodes
-        if reuse and policy.reuse_cache:
+        runs[engine] = episodes
+        if engine == "fast":
             assert len({id(ep["kv"]) for ep in episodes}) == 1
-    assert [ep["ids"] for ep in runs[True]] == [ep["ids"] for ep in runs[False]]
-    assert len({tuple(ep["ids"]) for ep in runs[True]}) > 6, "the branches went different ways"
-    for a, b in zip(runs[True], runs[False]):
+    assert [ep["ids"] for ep in runs["fast"]] == [ep["ids"] for ep in runs["hf"]]
+    assert len({tuple(ep["ids"]) for ep in runs["fast"]}) > 6, "the branches went different ways"
+    for a, b in zip(runs["fast"], runs["hf"]):
         torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=1e-4, rtol=0)

@@ -225,6 +225,24 @@ def test_rl_smoke_and_exact_resume(tiny_model_dir, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(a) is not None
 
 
+@pytest.mark.parametrize("env, env_args", [("tictactoe", '{"max_turns": 3}'), ("reverse", "{}")])
+def test_both_engines_run_rl_alike(tiny_model_dir, tmp_path, env, env_args):
+    """rl.py --engine hf (generate()) and --engine fast each run a short multi-turn tic-tac-toe and a single-turn
+    reverse-text run, and give the same steps: the same sampled tokens, so the same rewards, lengths and losses."""
+    rows = {}
+    for engine in ("hf", "fast"):
+        out = str(tmp_path / engine)
+        printed = run_main("rl", ["--model", tiny_model_dir, "--env", env, "--env_args", env_args, "--batch", "8",
+                                  "--group", "4", "--steps", "2", "--max_new_tokens", "6", "--lr", "1e-2", "--eval_every", "0",
+                                  "--eval_n", "2", "--save_every", "0", "--temp", "1.5", "--engine", engine, "--out", out,
+                                  "--device", "cpu"])
+        assert "step 2 | reward" in printed and json.load(open(os.path.join(out, "rl_args.json")))["engine"] == engine
+        rows[engine] = train_lines(out)
+    for a, b in zip(rows["hf"], rows["fast"], strict=True):
+        assert a["reward"] == b["reward"] and a["reply_len"] == b["reply_len"] and a["zero_adv"] == b["zero_adv"], (a, b)
+        assert a["entropy"] == pytest.approx(b["entropy"], abs=1e-4) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
 def test_rl_with_a_kl_penalty_logs_the_kl(tiny_model_dir, tmp_path):
     """--beta loads a frozen reference (the initial model) and logs the penalty's KL estimate: 0 at step 1, where
     the policy is still the reference, above 0 once the updates have moved it (without --beta no "kl" is logged:

@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import common  # noqa: E402
+import engine  # noqa: E402
 import sample  # noqa: E402
 from conftest import run_main  # noqa: E402
 from sample import ChatTokens, HFPolicy, ScriptedPolicy, advance, new_episode, rollout  # noqa: E402
@@ -99,13 +100,13 @@ def force_replies(monkeypatch, policy, reply_fn):
     policy's own sampling still runs on the model's real logits (so the logprobs are the model's); only the choice
     of token is replaced."""
     tok, eot = policy.tokenizer, policy.chat.eot_id
-    turn, sample = policy._turn, policy._sample
+    uniforms, sample = policy._uniforms, policy._sample
     state = {}
 
-    def forced_turn(episodes, cache):
+    def forced_turn(episodes, device):  # once per rollout batch and turn, on either engine
         state["targets"] = [tok(reply_fn(tok.decode(ep["ids"])), add_special_tokens=False).input_ids + [eot] for ep in episodes]
         state["t"] = 0
-        return turn(episodes, cache)
+        return uniforms(episodes, device)
 
     def forced_sample(logits, uniform, suppress_stop, stop_ids, forced):
         _, _ = sample(logits, uniform, suppress_stop, stop_ids, forced)
@@ -114,7 +115,7 @@ def force_replies(monkeypatch, policy, reply_fn):
         token = torch.tensor([tg[min(t, len(tg) - 1)] for tg in state["targets"]], device=logits.device)
         state["t"] += 1
         return token, logp.gather(1, token[:, None]).squeeze(1)
-    monkeypatch.setattr(policy, "_turn", forced_turn)
+    monkeypatch.setattr(policy, "_uniforms", forced_turn)
     monkeypatch.setattr(policy, "_sample", forced_sample)
 
 
@@ -171,8 +172,8 @@ def test_sampled_logprobs_match_replay_at_temperature(sharp_model, short_env):
     assert n > 20
 
 
-@pytest.mark.parametrize("reuse_cache", [True, False])
-def test_a_forced_reply_is_recorded_as_the_models_tokens(sharp_model, reuse_cache):
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_a_forced_reply_is_recorded_as_the_models_tokens(sharp_model, engine):
     """An environment's forced_reply hook: the forced rollouts' reply is exactly ChatTokens.reply_ids of the text,
     mask 1, with the model's logprobs of those tokens at the temperature; every other rollout samples the tokens
     it samples without the hook (the same draws), and the game goes on from the forced move."""
@@ -185,7 +186,7 @@ def test_a_forced_reply_is_recorded_as_the_models_tokens(sharp_model, reuse_cach
             return text if rollout == 1 and state["turns"] == 0 else None
     plain, forcing = ttt.TicTacToe(max_turns=3), Forcing(max_turns=3)
     examples = [{"seed": 3, "random_move_prob": 1.0, "model_first": True}]
-    policy = lambda: HFPolicy(model, tok, plain.system_prompt, temp=temp, max_new_tokens=64, reuse_cache=reuse_cache)
+    policy = lambda: HFPolicy(model, tok, plain.system_prompt, temp=temp, max_new_tokens=64, engine=engine)
     want = rollout(plain, examples, policy(), group=3, progress=False)
     got = rollout(forcing, examples, policy(), group=3, progress=False)
     assert [r["ids"] for r in got[::2]] == [r["ids"] for r in want[::2]]
@@ -310,16 +311,17 @@ def test_hf_rollout_qwen3_template_sampled(qwen3_model, short_env):
 
 
 def _spy_prefill(policy, monkeypatch):
-    """Record, for every turn's prefill, (tokens already cached per row, tokens encoded per row)."""
+    """Record, for every turn's prefill, (tokens already cached per row, tokens encoded per row): the fast engine's
+    _continue, or the whole trajectories generate() encodes."""
     seen = []
-    for name in ("_continue", "_reencode"):
-        original = getattr(policy, name)
+    name = "_continue" if policy.engine.name == "fast" else "_batch"
+    original = getattr(policy.engine, name)
 
-        def spy(episodes, *cache, original=original):
-            cached = [ep["kv_len"] if cache else 0 for ep in episodes]
-            seen.append((cached, [len(ep["ids"]) - c for ep, c in zip(episodes, cached)]))
-            return original(episodes, *cache)
-        monkeypatch.setattr(policy, name, spy)
+    def spy(policy, episodes, *cache):
+        cached = [ep["kv_len"] if cache else 0 for ep in episodes]
+        seen.append((cached, [len(ep["ids"]) - c for ep, c in zip(episodes, cached)]))
+        return original(policy, episodes, *cache)
+    monkeypatch.setattr(policy.engine, name, spy)
     return seen
 
 
@@ -349,19 +351,18 @@ class _EndsEarly:
 def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, temp):
     """Rows of a RowCache continued turn after turn (each turn encodes only the new tokens, right-aligned, padding
     written to the spare slot; finished episodes compacted away) give the same tokens and logprobs as re-encoding
-    the whole conversation every turn, in two rollout batches, greedy and sampled (an episode's random numbers are
+    the whole conversation every turn (the generate() engine), in two rollout batches, greedy and sampled (an episode's random numbers are
     its own, whichever episodes share its batch)."""
     model, tok = sharp_model
     env = _EndsEarly(short_env)
     examples = env.examples(6, seed=11)
     runs = {}
-    for reuse in (True, False):
+    for reuse, engine in ((True, "fast"), (False, "hf")):
         torch.manual_seed(0)
-        policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4, reuse_cache=reuse)
+        policy = HFPolicy(model, tok, env.system_prompt, temp=temp, max_new_tokens=12, batch_size=4, engine=engine)
         seen = _spy_prefill(policy, monkeypatch)
         runs[reuse] = rollout(env, examples, policy, progress=False)
         monkeypatch.undo()
-        assert policy.reuse_cache == reuse
         # later turns start from a cache exactly when reuse is on, and then encode a few tokens, not the conversation
         assert not any(seen[0][0]) and any(any(cached) for cached, _ in seen) == reuse
         if reuse:
@@ -375,22 +376,24 @@ def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, t
 
 @pytest.mark.parametrize("by_matmul", [False, True])
 def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env, by_matmul):
-    """On a GPU a policy samples under bf16 autocast (policy.autocast; CPU autocast runs the same code here): the
+    """On a GPU a policy samples under bf16 autocast (the engines' autocast; CPU autocast runs the same code here): the
     RowCache is bf16, not the fp32 that the keys of fp32 weights come out in, and continuing it gives the replies
     that re-encoding gives: exactly with SDPA as the decoding step's attention, up to bf16 near-ties with the
     matrix products a GPU decodes with."""
     model, tok = sharp_model
     runs, dtypes = {}, set()
     for reuse in (True, False):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=12, batch_size=4, reuse_cache=reuse,
-                          decode_by_matmul=by_matmul)
-        policy.autocast, turn = True, policy._turn
+        options = {"engine": "fast", "decode_by_matmul": by_matmul} if reuse else {"engine": "hf"}
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=12, batch_size=4, **options)
+        policy.engine.autocast = True
+        if reuse:
+            prefill = policy.engine._continue
 
-        def spy(episodes, cache):
-            replies = turn(episodes, cache)
-            dtypes.update(t.dtype for t in (cache.keys | cache.values).values()) if cache else None
-            return replies
-        policy._turn = spy
+            def spy(policy, episodes, cache):
+                out = prefill(policy, episodes, cache)
+                dtypes.update(t.dtype for t in (cache.keys | cache.values).values())
+                return out
+            policy.engine._continue = spy
         runs[reuse] = rollout(short_env, short_env.examples(6, seed=11), policy, progress=False)
     assert dtypes == {torch.bfloat16} and next(model.parameters()).dtype == torch.float32
     if not by_matmul:
@@ -413,7 +416,7 @@ def test_kv_cache_under_autocast_is_bf16(sharp_model, short_env, by_matmul):
 def test_row_cache_writes_rows_gathers_and_grows():
     """RowCache by hand: each row's tokens land at its own positions, padding only in the spare last slot; gather()
     drops and repeats rows; reserve() grows the cache keeping every row's content."""
-    cache = sample.RowCache(torch.float32)
+    cache = engine.RowCache(torch.float32)
     cache.reserve(3, 6, room=0)  # 6 positions + the spare slot
     spare = cache.capacity - 1
     cache.write, cache.span = torch.tensor([[0, 1], [spare, 0], [4, 5]]), 6  # row 1: one padding column, one token
@@ -435,7 +438,7 @@ def test_row_cache_writes_rows_gathers_and_grows():
 
 def test_sliding_window_model_keeps_its_window(tiny_model_dir, short_env, tmp_path):
     """A sliding-window model (Mistral, window 8: far shorter than a game) runs on the RowCache with its window in
-    the mask: the same tokens as re-encoding every turn with the model's own cache, and different ones from the
+    the mask: the same tokens as generate() re-encoding every turn with the model's own cache, and different ones from the
     same weights without a window."""
     from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
     llama, tok = common.load_model(tiny_model_dir, device="cpu")
@@ -449,11 +452,11 @@ def test_sliding_window_model_keeps_its_window(tiny_model_dir, short_env, tmp_pa
     examples = short_env.examples(3, seed=2)
     policy = HFPolicy(model.eval(), tok, short_env.system_prompt, temp=0.0, max_new_tokens=10)
     got = rollout(short_env, examples, policy, progress=False)
-    assert policy.reuse_cache is True and policy.window == 8
+    assert policy.engine.name == "fast" and policy.engine.window == 8
     want = rollout(short_env, examples, HFPolicy(model, tok, short_env.system_prompt, temp=0.0, max_new_tokens=10,
-                                                 reuse_cache=False), progress=False)
+                                                 engine="hf"), progress=False)
     assert [r["ids"] for r in got] == [r["ids"] for r in want]
-    policy.window = None
+    policy.engine.window = None
     assert [r["ids"] for r in rollout(short_env, examples, policy, progress=False)] != [r["ids"] for r in want]
 
 
