@@ -60,6 +60,12 @@ def load_env(name, env_args=None, defaults=None):
         raise SystemExit(f"bad --env_args for {name}: {e}")
 
 
+def eval_settings(name):
+    """{setting: env_args} of the standard evaluations, from env_NAME.py's EVAL_SETTINGS (tic-tac-toe: the optimal
+    and the random opponent); one setting, "default", as env_args give it, where the module names none."""
+    return getattr(importlib.import_module(f"env_{name}"), "EVAL_SETTINGS", {"default": {}})
+
+
 # ----------------------------------------------------------------------------- models
 
 

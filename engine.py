@@ -66,7 +66,7 @@ class RowCache:
     """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for
     its whole game. A forward writes each row's new tokens at that row's own positions (`write`, (B, W)), so a
     turn appends at the row's end; at a turn boundary gather() drops the rows
-    of finished episodes (and repeats the row of an episode copied mid-game: eval.certify branches its lines).
+    of finished episodes (and repeats the row of an episode copied mid-game: the tic-tac-toe certificate branches its lines).
     The buffers are copied only when they grow (reserve) or lose or repeat rows (gather). Layers call update() as
     they call a transformers Cache's and attend the first `span` positions of every row, with a mask that shows
     each row its own. A short-convolution layer (LFM2, and the one in Qwen3.5's linear attention) keeps in `conv`

@@ -3,6 +3,7 @@ Tic-tac-toe against a seeded, unbiased minimax opponent (multi-turn environment)
 
     python sample.py --model minimax --env tictactoe -n 2              # watch the scripted player
     python eval.py --model random --env tictactoe --opponent optimal   # a baseline
+    python env_tictactoe.py --model out/rl                             # play against a model yourself
 
 The model plays X, the opponent O; the example's seed decides who moves first. The opponent plays a
 uniformly random free cell with probability `random_move_prob`, otherwise a uniformly random choice among
@@ -18,9 +19,11 @@ Replies are untrusted text; their outcomes (see `parse_move`):
     why, the turn is used up and the game goes on;
   - a reply is well-formed (format reward) when it is exactly <think>...</think> then <move>N</move>,
     whitespace aside, with no tags nested inside the think block.
-Pure Python: no torch here.
+Pure Python: no torch here (but certify, which plays a policy through sample.py).
 """
 import fractions
+import json
+import os
 import functools
 import hashlib
 import random
@@ -385,7 +388,7 @@ class TicTacToe:
                                          ("missed_win", missed_win_penalty)) if w}
         if extra:
             self.reward_weights = {**TicTacToe.reward_weights, **extra}
-        # opponent(state) -> cell replaces the seeded opponent (a human in `sample.py --play`, a script in tests);
+        # opponent(state) -> cell replaces the seeded opponent (a human in `python env_tictactoe.py`, a script in tests);
         # None: an example's "replies" where they name the board (a replayed line), else `opponent_move`
         self.opponent = opponent
 
@@ -527,16 +530,107 @@ class TicTacToe:
         """A human-readable picture of the final state, for transcripts."""
         return f"{render(state['board'])}\nresult: {state['winner'] or 'cut off'}"
 
+    # --- eval.py --certify's hook, and rl.py --exploit's
+    def certify(self, policy, out=None, progress=True):
+        """Play a (greedy, deterministic) policy against EVERY opponent reply at every step, moving first and second.
+
+        Breadth-first: each level's unfinished lines go to the policy in one batch; after each valid model move
+        the line branches over every free cell for the opponent. Returns a summary with lines_won / drawn / lost,
+        optimal_move_rate over all model decisions, random_win/draw/loss_rate (the exact results against a uniformly
+        random opponent), and the positions where the model lost a won or drawn game or missed a forced win, each with
+        the line that led there (model_first, and replies: the opponent's reply on each board, which replays the line
+        as an example, see reset)."""
+        from sample import advance, branch, finish, new_episode  # the rollout module plays the policy (it imports no environment)
+        env = self
+        # each line is an example whose "replies" script the opponent (reset): from the empty board,
+        # the opponent's every move so far; a branch adds its next one
+        ex = {k: v for k, v in env.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a puzzle's start
+        frontier = [new_episode(env, {**ex, "model_first": True, "replies": {}})]
+        frontier += [new_episode(env, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
+        # each line's probability against a uniformly random opponent (who starts is a coin toss, as in eval's games),
+        # so the certificate also gives the greedy policy's exact results against the random opponent, with no
+        # sampling error (200 games measure them to about 2 points)
+        for ep in frontier:
+            ep["line_prob"] = 0.5 if ep["example"]["model_first"] else 0.5 / 9
+        lines, decisions, optimal, mistakes = [], 0, 0, []
+        random_result = {"win": 0.0, "draw": 0.0, "loss": 0.0}
+        # what each position demands: a win to take, else a threat to block, else a quiet move (forks are made or
+        # stopped there); for each kind, how many positions and how many the policy got right
+        asked = {"win": [0, 0], "block": [0, 0], "quiet": [0, 0]}
+        # a reply whose <think> opens with the `Wins:` check (the rules_wins teachers' and the minimax teacher's):
+        # how often it is true, and at the positions with a win to take, how often it names exactly X's own wins
+        checks_true = wins_stated = 0
+        while frontier:
+            replies = policy(frontier)
+            nxt = []
+            for ep, reply in zip(frontier, replies):
+                board = ep["state"]["board"]
+                cell, _ = parse_move(reply, board)
+                best = best_moves(board, "X")
+                decisions += 1
+                optimal += cell in best
+                wins, blocks = threats(board, "X"), threats(board, "O")
+                kind, right = ("win", wins) if wins else ("block", blocks) if blocks else ("quiet", best)
+                asked[kind][0] += 1
+                asked[kind][1] += cell in right
+                checks_true += states_the_wins(reply, board)
+                wins_stated += bool(wins) and stated_own_wins(reply) == wins
+                before = value(board, "X")
+                line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
+                if cell is None:
+                    after_board, after = board, None
+                    mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move", **line})
+                else:
+                    after_board = play(board, cell, "X")
+                    w = winner(after_board)
+                    after = 1 if w == "X" else 0 if w == "draw" else -value(after_board, "O")
+                    if after < before:
+                        mistakes.append({"board": board, "reply": reply[:200], "kind": "missed a forced win" if before == 1
+                                         else "lost a drawn position", "value_before": before, "value_after": after, **line})
+                branches = free_cells(after_board) if cell is not None and winner(after_board) is None else [None]
+                for c in branches:
+                    child = branch(ep)
+                    child["line_prob"] = ep["line_prob"] / len(branches)
+                    if c is not None:
+                        child["state"]["replies"] = {**ep["state"]["replies"], after_board: c}
+                    if advance(env, child, reply):
+                        lines.append(finish(env, child))
+                        for result in random_result:
+                            random_result[result] += child["line_prob"] * lines[-1]["metrics"][result]
+                    else:
+                        nxt.append(child)
+            frontier = nxt
+            if progress:
+                print(f"certify: {len(lines)} lines finished, {len(frontier)} open")
+        won = sum(r["metrics"]["win"] for r in lines)
+        drawn = sum(r["metrics"]["draw"] for r in lines)
+        summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn), "lines_lost": int(len(lines) - won - drawn),
+                   "decisions": decisions, "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes),
+                   "win_positions": asked["win"][0], "wins_taken": asked["win"][1], "block_positions": asked["block"][0],
+                   "threats_blocked": asked["block"][1], "quiet_positions": asked["quiet"][0], "quiet_optimal": asked["quiet"][1],
+                   "checks_true": checks_true, "wins_stated": wins_stated,
+                   "random_win_rate": random_result["win"], "random_draw_rate": random_result["draw"], "random_loss_rate": random_result["loss"]}
+        if out:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            with open(os.path.join(out, "certificate.json"), "w") as f:
+                json.dump({**summary, "mistake_positions": mistakes}, f, indent=2)
+            with open(os.path.join(out, "lost_lines.jsonl"), "w") as f:
+                for r in lines:
+                    if r["metrics"]["loss"]:
+                        f.write(json.dumps({k: r[k] for k in ("messages", "rewards", "metrics")}) + "\n")
+        return summary, mistakes
+
     # --- rl.py --exploit's hook
     def exploit(self, policy):
-        """Certify the greedy `policy` against every opponent line (eval.certify) and return (summary, rank, examples):
+        """Certify the greedy `policy` against every opponent line (certify) and return (summary, rank, examples):
         the certificate's numbers, its rank (lower is better: lost lines, then by exploit_rank mistaken decisions or
         the exact win rate against the random opponent, higher first), and for each
         mistake, the worst first (an invalid move counts as a loss), the example fields that replay its line, from
         the empty board or (replay_from="mistake") from the position of the mistake, the optimal opponent playing
         after it."""
-        from eval import certify  # it plays the policy through the rollout engine
-        summary, mistakes = certify(self, policy, progress=False)
+        summary, mistakes = self.certify(policy, progress=False)
         mistakes.sort(key=lambda m: m.get("value_after", -1))
         position = lambda m: {"position": m["board"]} if self.replay_from == "mistake" else {}
         explore = lambda m: {"explore": m["board"]} if self.replay_explore else {}
@@ -636,8 +730,56 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     sure of to sample; null: off; exploit_rank: how rl.py --exploit ranks two certificates with as many lost lines,
     "mistakes" (fewer mistaken decisions) or "random_wins" (a higher exact win rate against the random opponent:
     among policies that never lose, the one that wins most against a weak one); opponent: a
-    function state -> cell that replaces the seeded opponent (not from --env_args: sample.py --play and tests pass
+    function state -> cell that replaces the seeded opponent (not from --env_args: `python env_tictactoe.py` and tests pass
     one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
                      missed_win_penalty, show_wins, replay_explore, exploit_rank, opponent)
+
+
+# ----------------------------------------------------------------------------- play against a model in the terminal
+
+
+def play_human(policy, env_args, games=None):
+    """Games in the terminal: the policy is X, you are O (input() asks for your cells); `games` of them, or until you
+    say no."""
+    from sample import advance, new_episode
+
+    def ask(state):
+        free = free_cells(state["board"])
+        while True:
+            text = input(f"your move (O), one of {free}: ").strip()
+            if text.isdigit() and int(text) in free:
+                return int(text)
+            print("not a free cell, try again")
+    env = load_environment(**env_args, opponent=ask)
+    played = 0
+    while games is None or played < games:
+        ep = new_episode(env, env.examples(1, seed=random.randrange(2**31))[0])
+        print("\n" + ep["messages"][1]["content"])
+        while True:
+            reply = policy([ep])[0]
+            print(f"[model] {reply}")
+            if advance(env, ep, reply):
+                break
+            print(ep["messages"][-1]["content"])
+        print(env.describe(ep["state"]))
+        played += 1
+        if games is None and input("again? [Y/n] ").strip().lower().startswith("n"):
+            return
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from common import parse_env_args
+    from sample import add_policy_args, policy_from_args
+    parser = add_policy_args(argparse.ArgumentParser(description="Play tic-tac-toe against a model in the terminal: the model "
+                                                                 "is X, you are O. --env_args as for the model's training."))
+    parser.set_defaults(temp=0.0)
+    args = parser.parse_args()
+    try:
+        env_args = parse_env_args(args.env_args)
+        play_human(policy_from_args(args, load_environment(**env_args)), env_args)
+    except (EOFError, KeyboardInterrupt):
+        print("\nbye")

@@ -14,7 +14,6 @@ per-episode metrics `<name>_rate` (indicators and fractions; tic-tac-toe: win, d
 cut_off) and `mean_<name>` (counts named n_<name>), plus wall_s, episodes_per_s, gen_tokens_per_s.
 """
 import argparse
-import importlib
 import json
 import math
 import os
@@ -23,10 +22,8 @@ import time
 
 import torch
 
-from common import at_least, can_write, check_flags, disk_full_says_what_is_kept, load_env, parse_env_args
-from sample import POLICY_FLAG_RULES, APIError, add_policy_args, advance, branch, finish, new_episode, policy_from_args, rollout, show
-
-from env_tictactoe import EVAL_SETTINGS as OPPONENTS  # --opponent optimal|random
+from common import at_least, can_write, check_flags, disk_full_says_what_is_kept, eval_settings, load_env, parse_env_args
+from sample import POLICY_FLAG_RULES, APIError, add_policy_args, policy_from_args, rollout, show
 
 # ----------------------------------------------------------------------------- summaries
 
@@ -111,108 +108,11 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
 def evaluate_standard(env_name, env_args, policy, n, seed=10_000, out=None):
     """evaluate() under each of the environment module's EVAL_SETTINGS (env_args overrides; tic-tac-toe:
     the optimal and the random opponent), or once with env_args as given. Returns {setting: (summary, records)}; sft.py and rl.py use it."""
-    settings = getattr(importlib.import_module(f"env_{env_name}"), "EVAL_SETTINGS", {"default": {}})
     results = {}
-    for name, opp in settings.items():
+    for name, opp in eval_settings(env_name).items():
         env = load_env(env_name, {**env_args, **opp})
         results[name] = evaluate(env, policy, n, seed=seed, out=os.path.join(out, f"eval_{name}") if out else None, progress=False)
     return results
-
-
-# ----------------------------------------------------------------------------- the certificate
-
-
-def certify(env, policy, out=None, progress=True):
-    """Play a (greedy, deterministic) policy against EVERY opponent reply at every step, moving first and second.
-
-    Breadth-first: each level's unfinished lines go to the policy in one batch; after each valid model move
-    the line branches over every free cell for the opponent. Returns a summary with lines_won / drawn / lost,
-    optimal_move_rate over all model decisions, random_win/draw/loss_rate (the exact results against a uniformly
-    random opponent), and the positions where the model lost a won or drawn game or missed a forced win, each with
-    the line that led there (model_first, and replies: the opponent's reply on each board, which replays the line
-    as an example, see env_tictactoe.reset)."""
-    import env_tictactoe as ttt
-    if not isinstance(env, ttt.TicTacToe):
-        raise SystemExit("--certify needs the tictactoe environment")
-    # each line is an example whose "replies" script the opponent (env_tictactoe.reset): from the empty board,
-    # the opponent's every move so far; a branch adds its next one
-    ex = {k: v for k, v in env.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a puzzle's start
-    frontier = [new_episode(env, {**ex, "model_first": True, "replies": {}})]
-    frontier += [new_episode(env, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
-    # each line's probability against a uniformly random opponent (who starts is a coin toss, as in eval's games),
-    # so the certificate also gives the greedy policy's exact results against the random opponent, with no
-    # sampling error (200 games measure them to about 2 points)
-    for ep in frontier:
-        ep["line_prob"] = 0.5 if ep["example"]["model_first"] else 0.5 / 9
-    lines, decisions, optimal, mistakes = [], 0, 0, []
-    random_result = {"win": 0.0, "draw": 0.0, "loss": 0.0}
-    # what each position demands: a win to take, else a threat to block, else a quiet move (forks are made or
-    # stopped there); for each kind, how many positions and how many the policy got right
-    demands = {"win": [0, 0], "block": [0, 0], "quiet": [0, 0]}
-    # a reply whose <think> opens with the `Wins:` check (the rules_wins teachers' and the minimax teacher's):
-    # how often it is true, and at the positions with a win to take, how often it names exactly X's own wins
-    checks_true = wins_stated = 0
-    while frontier:
-        replies = policy(frontier)
-        nxt = []
-        for ep, reply in zip(frontier, replies):
-            board = ep["state"]["board"]
-            cell, _ = ttt.parse_move(reply, board)
-            best = ttt.best_moves(board, "X")
-            decisions += 1
-            optimal += cell in best
-            wins, blocks = ttt.threats(board, "X"), ttt.threats(board, "O")
-            kind, right = ("win", wins) if wins else ("block", blocks) if blocks else ("quiet", best)
-            demands[kind][0] += 1
-            demands[kind][1] += cell in right
-            checks_true += ttt.states_the_wins(reply, board)
-            wins_stated += bool(wins) and ttt.stated_own_wins(reply) == wins
-            before = ttt.value(board, "X")
-            line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
-            if cell is None:
-                after_board, after = board, None
-                mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move", **line})
-            else:
-                after_board = ttt.play(board, cell, "X")
-                w = ttt.winner(after_board)
-                after = 1 if w == "X" else 0 if w == "draw" else -ttt.value(after_board, "O")
-                if after < before:
-                    mistakes.append({"board": board, "reply": reply[:200], "kind": "missed a forced win" if before == 1
-                                     else "lost a drawn position", "value_before": before, "value_after": after, **line})
-            branches = ttt.free_cells(after_board) if cell is not None and ttt.winner(after_board) is None else [None]
-            for c in branches:
-                child = branch(ep)
-                child["line_prob"] = ep["line_prob"] / len(branches)
-                if c is not None:
-                    child["state"]["replies"] = {**ep["state"]["replies"], after_board: c}
-                if advance(env, child, reply):
-                    lines.append(finish(env, child))
-                    for result in random_result:
-                        random_result[result] += child["line_prob"] * lines[-1]["metrics"][result]
-                else:
-                    nxt.append(child)
-        frontier = nxt
-        if progress:
-            print(f"certify: {len(lines)} lines finished, {len(frontier)} open")
-    won = sum(r["metrics"]["win"] for r in lines)
-    drawn = sum(r["metrics"]["draw"] for r in lines)
-    summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn), "lines_lost": int(len(lines) - won - drawn),
-               "decisions": decisions, "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes),
-               "win_positions": demands["win"][0], "wins_taken": demands["win"][1], "block_positions": demands["block"][0],
-               "threats_blocked": demands["block"][1], "quiet_positions": demands["quiet"][0], "quiet_optimal": demands["quiet"][1],
-               "checks_true": checks_true, "wins_stated": wins_stated,
-               "random_win_rate": random_result["win"], "random_draw_rate": random_result["draw"], "random_loss_rate": random_result["loss"]}
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        with open(os.path.join(out, "certificate.json"), "w") as f:
-            json.dump({**summary, "mistake_positions": mistakes}, f, indent=2)
-        with open(os.path.join(out, "lost_lines.jsonl"), "w") as f:
-            for r in lines:
-                if r["metrics"]["loss"]:
-                    f.write(json.dumps({k: r[k] for k in ("messages", "rewards", "metrics")}) + "\n")
-    return summary, mistakes
 
 
 # ----------------------------------------------------------------------------- the speedrun's report
@@ -381,12 +281,12 @@ Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn
 
 def run_task(args, task, env_args, policy, out):
     """One opponent's games, or the certificate, with its summary printed and written to out."""
-    task_env_args = {**env_args, **OPPONENTS.get(task, {})}
+    task_env_args = {**env_args, **eval_settings(args.env).get(task, {})}
     env = load_env(args.env, task_env_args)
     if task == "certify":
-        summary, mistakes = certify(env, policy, out)
+        summary, mistakes = env.certify(policy, out)
         for m in mistakes[:args.show]:
-            print(f"{m['kind']}:\n{m['board'][0:3]}\n{m['board'][3:6]}\n{m['board'][6:9]}\nreply: {m['reply']}\n")
+            print(json.dumps(m) + "\n")
         print(format_summary(summary, f"certificate for {args.model} (greedy)"))
     else:
         summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
@@ -403,12 +303,14 @@ def main():
     p.set_defaults(temp=0.0)
     p.add_argument("-n", type=int, default=100, help="number of examples")
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per example")
-    p.add_argument("--opponent", nargs="+", choices=sorted(OPPONENTS), default=None,
-                   help="tictactoe shorthand: optimal (p=0) and/or random (p=1) opponent; several (or one with --certify) "
-                        "run one after the other on one loaded model, each into its own subdirectory of --out")
+    p.add_argument("--opponent", nargs="+", default=None, metavar="SETTING",
+                   help="evaluation settings the environment names in its EVAL_SETTINGS (tictactoe: optimal, random); "
+                        "several (or one with --certify) run one after the other on one loaded model, each into its own "
+                        "subdirectory of --out")
     p.add_argument("--out", default=None, help="directory for summary.json and rollouts.jsonl")
     p.add_argument("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
-    p.add_argument("--certify", action="store_true", help="tictactoe: play the greedy policy against every opponent line")
+    p.add_argument("--certify", action="store_true", help="the environment's certify hook (tictactoe: the greedy policy "
+                   "against every opponent line)")
     p.add_argument("--show", type=int, default=2, help="transcripts to print")
     p.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md and OUT/results.json from the "
                    "evaluations speedrun.sh left in OUT/eval (no model is loaded); with --times, --sft_args, --rl_args, "
@@ -437,7 +339,13 @@ def main():
         raise SystemExit("--certify proves the greedy policy: use --temp 0")
     # tasks: each opponent's games, then the certificate; the model is loaded once for all of them
     tasks = list(args.opponent or ([] if args.certify else [None])) + (["certify"] if args.certify else [])
-    policy = policy_from_args(args, load_env(args.env, env_args))
+    env = load_env(args.env, env_args)
+    unknown = sorted(set(args.opponent or []) - set(eval_settings(args.env)))
+    if unknown:
+        raise SystemExit(f"--opponent {' '.join(unknown)}: {args.env} names the settings {', '.join(eval_settings(args.env))}")
+    if args.certify and not hasattr(env, "certify"):
+        raise SystemExit(f"--certify needs an environment with a certify(policy, out) hook (tictactoe), not {args.env!r}")
+    policy = policy_from_args(args, env)
     for task in tasks:
         out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
         try:

@@ -4,7 +4,7 @@ Batched multi-turn rollouts with exact token trajectories: the engine eval.py, s
     python sample.py --model out/rl --env tictactoe -n 4          # watch a model play (GPU or CPU)
     python sample.py --model minimax --env tictactoe -n 2         # the scripted players: minimax, random
     python sample.py --model gpt-5-mini --api_base https://api.openai.com/v1 -n 2   # any OpenAI-compatible API
-    python sample.py --model out/rl --play                        # play against the model yourself
+    python env_tictactoe.py --model out/rl                        # play tic-tac-toe against the model yourself
 
 A policy maps a batch of unfinished episodes to one reply each. Three kinds share that interface:
   HFPolicy       a Hugging Face causal LM. It keeps each episode's exact token trajectory: `ids` (prompt, every
@@ -441,7 +441,7 @@ def new_episode(env, example, index=0, rollout=0):
 
 
 def branch(ep):
-    """A copy of an episode that goes on apart from it (eval.certify branches its lines over the opponent's
+    """A copy of an episode that goes on apart from it (the tic-tac-toe certificate branches its lines over the opponent's
     replies): its trajectory lists and environment state copied, anything else shared, the policy's KV cache
     included (HFPolicy gives the copy a row of its own at the next turn). The token lists are copied whole, not
     element by element as copy.deepcopy would (1.2 ms for an episode of 900 tokens on this 2-core CPU: 1.6 s for
@@ -507,7 +507,7 @@ def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progres
     return sorted(done, key=lambda r: (r["index"], r["rollout"]))
 
 
-# ----------------------------------------------------------------------------- printing and playing
+# ----------------------------------------------------------------------------- printing
 
 
 def show(rec, env=None):
@@ -520,40 +520,6 @@ def show(rec, env=None):
     if rec.get("metrics"):
         lines.append("metrics: " + ", ".join(f"{k}={v:g}" for k, v in rec["metrics"].items()))
     return "\n".join(lines)
-
-
-def play_human(env_name, env_args, policy):
-    """Terminal game: the model is X, you are O (a game environment whose load_environment takes an `opponent`)."""
-    def ask(state):
-        free = [i for i, c in enumerate(state["board"]) if c == "."]
-        while True:
-            text = input(f"your move (O), one of {free}: ").strip()
-            if text.isdigit() and int(text) in free:
-                return int(text)
-            print("not a free cell, try again")
-    env = load_env(env_name, env_args, defaults={"opponent": ask})  # passed where load_environment takes one
-    if getattr(env, "opponent", None) is not ask:
-        raise SystemExit(f"--play needs a game environment that takes an opponent (tictactoe), not {env_name!r}")
-    try:
-        _play_games(env, policy)
-    except (EOFError, KeyboardInterrupt):
-        print("\nbye")
-
-
-def _play_games(env, policy):
-    while True:
-        ex = env.examples(1, seed=random.randrange(2**31))[0]
-        ep = new_episode(env, ex)
-        print("\n" + ep["messages"][1]["content"])
-        while True:
-            reply = policy([ep])[0]
-            print(f"[model] {reply}")
-            if advance(env, ep, reply):
-                break
-            print(ep["messages"][-1]["content"])
-        print(env.describe(ep["state"]))
-        if input("again? [Y/n] ").strip().lower().startswith("n"):
-            return
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -601,7 +567,6 @@ def policy_from_args(args, env, temp=None):
 def main():
     p = add_policy_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("-n", type=int, default=4, help="number of episodes to play and print")
-    p.add_argument("--play", action="store_true", help="play tic-tac-toe against the model in the terminal")
     p.add_argument("--out", default=None, help="also write the rollout records (JSONL) to this file")
     args = p.parse_args()
     check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"),
@@ -610,8 +575,6 @@ def main():
     torch.manual_seed(args.seed)
     env = load_env(args.env, args.env_args)
     policy = policy_from_args(args, env)
-    if args.play:
-        return play_human(args.env, args.env_args, policy)
     try:
         records = rollout(env, env.examples(args.n, args.seed), policy)
     except APIError as e:

@@ -102,8 +102,8 @@ def cases():
     yield "rl", ["--group", "1"], "--group 1: must be >= 2"
     yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit() hook"
     yield "eval", ["--certify", "--temp", "1"], "--certify proves the greedy policy: use --temp 0"
-    yield "eval", ["--certify", "--env", "reverse", "--model", "oracle"], "--certify needs the tictactoe environment"
-    yield "sample", ["--play", "--env", "reverse", "--model", "oracle"], "--play needs a game environment"
+    yield "eval", ["--certify", "--env", "reverse", "--model", "oracle"], "--certify needs an environment with a certify(policy, out) hook"
+    yield "eval", ["--opponent", "optimal", "--env", "reverse", "--model", "oracle"], "--opponent optimal: reverse names the settings default"
 
 
 CASES = list(cases())

@@ -297,7 +297,7 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
 
 
 def test_copied_episodes_go_on_from_their_row(arch, short_env):
-    """An episode branched mid-game (sample.branch: eval.certify branches every line over the opponent's replies)
+    """An episode branched mid-game (sample.branch: the tic-tac-toe certificate branches every line over the opponent's replies)
     continues from its parent's cache row (its keys and values, and LFM2's convolution state): the same tokens and
     logprobs as generate() re-encoding every turn; the parent's trajectory is left as it was."""
     name, model, tok = arch

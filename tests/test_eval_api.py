@@ -136,7 +136,7 @@ def key_env(monkeypatch):
 
 
 def random_opponent_env():
-    return common.load_env("tictactoe", eval_mod.OPPONENTS["random"])
+    return common.load_env("tictactoe", common.eval_settings("tictactoe")["random"])
 
 
 def read_jsonl(path):
@@ -367,7 +367,7 @@ def test_certificate(monkeypatch, tmp_path, capsys):
     assert mm["lines_won"] + mm["lines_drawn"] == mm["lines"]
     assert (tmp_path / "mm" / "lost_lines.jsonl").read_text() == ""
     env = common.load_env("tictactoe")
-    rnd, mistakes = eval_mod.certify(env, ScriptedPolicy(env, "random"), out=str(tmp_path / "rnd"), progress=False)
+    rnd, mistakes = env.certify(ScriptedPolicy(env, "random"), out=str(tmp_path / "rnd"), progress=False)
     assert env.opponent is None, "certify leaves the seeded opponent in place"
     assert rnd["lines_lost"] > 100 and len(mistakes) == rnd["mistakes"] > 0
     assert rnd["optimal_move_rate"] < 0.9
@@ -389,7 +389,7 @@ def test_certificate(monkeypatch, tmp_path, capsys):
             seen["forced block"] += not ttt.threats(b, "X") and bool(ttt.threats(b, "O")) and not unblocking
             return (ttt.threats(b, "X") or unblocking or ttt.free_cells(b))[0]
         return [f"<think>x</think><move>{cell(ep['state']['board'])}</move>" for ep in episodes]
-    greedy, _ = eval_mod.certify(env, wins_never_blocks, progress=False)
+    greedy, _ = env.certify(wins_never_blocks, progress=False)
     assert greedy["wins_taken"] == greedy["win_positions"] == seen["win"] > 0
     assert greedy["checks_true"] == greedy["wins_stated"] == 0  # its <think> states no check
     # the minimax player's think opens with the true check (but for "Only cell 8 is free."); its `me` part, once
@@ -399,10 +399,10 @@ def test_certificate(monkeypatch, tmp_path, capsys):
     def counted(episodes):
         last_cell[0] += sum(len(ttt.free_cells(ep["state"]["board"])) == 1 for ep in episodes)
         return minimax(episodes)
-    mm2, _ = eval_mod.certify(env, counted, progress=False)
+    mm2, _ = env.certify(counted, progress=False)
     assert mm2["checks_true"] == mm2["decisions"] - last_cell[0] and mm2["wins_stated"] == mm2["win_positions"] > 0
     blind = lambda episodes: [r.replace("Wins: me ", "Wins: me none, was ").replace("was none, ", "") for r in minimax(episodes)]
-    half, _ = eval_mod.certify(env, blind, progress=False)
+    half, _ = env.certify(blind, progress=False)
     assert half["wins_stated"] == 0 and half["checks_true"] == mm2["checks_true"] - half["win_positions"]
     assert greedy["block_positions"] == seen["block"] > greedy["threats_blocked"] == seen["forced block"] > 0
     lost = read_jsonl(tmp_path / "rnd" / "lost_lines.jsonl")
@@ -427,7 +427,7 @@ def test_certificate_lines_replay_as_examples():
 
         def __call__(self, episodes):
             return [first_free(ep["state"]["board"]) for ep in episodes]
-    summary, mistakes = eval_mod.certify(env, FirstFree(), progress=False)
+    summary, mistakes = env.certify(FirstFree(), progress=False)
     assert summary["lines_lost"] > 0 and {m["model_first"] for m in mistakes} == {True, False}
     for m in mistakes:
         state, _ = env.reset({"seed": 7, "random_move_prob": 0.0, "model_first": m["model_first"], "replies": m["replies"]})
@@ -449,7 +449,7 @@ def test_certificate_gives_the_exact_results_against_a_random_opponent():
     results = []
     for pick in (lambda b: b.index("."), lambda b: ttt.free_cells(b)[-1], ttt.player_move):
         policy = lambda episodes: [f"<think>x</think><move>{pick(ep['state']['board'])}</move>" for ep in episodes]
-        summary, _ = eval_mod.certify(env, policy, progress=False)
+        summary, _ = env.certify(policy, progress=False)
 
         def x_moves(board):  # (win, draw, loss) probabilities from here, X (the policy) to move
             board = ttt.play(board, pick(board), "X")
