@@ -541,12 +541,11 @@ class TicTacToe:
         the line that led there (model_first, and replies: the opponent's reply on each board, which replays the line
         as an example, see reset)."""
         from sample import advance, branch, finish, new_episode  # the rollout module plays the policy (it imports no environment)
-        env = self
         # each line is an example whose "replies" script the opponent (reset): from the empty board,
         # the opponent's every move so far; a branch adds its next one
-        ex = {k: v for k, v in env.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a puzzle's start
-        frontier = [new_episode(env, {**ex, "model_first": True, "replies": {}})]
-        frontier += [new_episode(env, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
+        ex = {k: v for k, v in self.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a puzzle's start
+        frontier = [new_episode(self, {**ex, "model_first": True, "replies": {}})]
+        frontier += [new_episode(self, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
         # each line's probability against a uniformly random opponent (who starts is a coin toss, as in eval's games),
         # so the certificate also gives the greedy policy's exact results against the random opponent, with no
         # sampling error (200 games measure them to about 2 points)
@@ -593,8 +592,8 @@ class TicTacToe:
                     child["line_prob"] = ep["line_prob"] / len(branches)
                     if c is not None:
                         child["state"]["replies"] = {**ep["state"]["replies"], after_board: c}
-                    if advance(env, child, reply):
-                        lines.append(finish(env, child))
+                    if advance(self, child, reply):
+                        lines.append(finish(self, child))
                         for result in random_result:
                             random_result[result] += child["line_prob"] * lines[-1]["metrics"][result]
                     else:

@@ -340,9 +340,10 @@ def main():
     # tasks: each opponent's games, then the certificate; the model is loaded once for all of them
     tasks = list(args.opponent or ([] if args.certify else [None])) + (["certify"] if args.certify else [])
     env = load_env(args.env, env_args)
-    unknown = sorted(set(args.opponent or []) - set(eval_settings(args.env)))
+    settings = eval_settings(args.env)
+    unknown = sorted(set(args.opponent or []) - set(settings))
     if unknown:
-        raise SystemExit(f"--opponent {' '.join(unknown)}: {args.env} names the settings {', '.join(eval_settings(args.env))}")
+        raise SystemExit(f"--opponent {' '.join(unknown)}: {args.env} names the settings {', '.join(settings)}")
     if args.certify and not hasattr(env, "certify"):
         raise SystemExit(f"--certify needs an environment with a certify(policy, out) hook (tictactoe), not {args.env!r}")
     policy = policy_from_args(args, env)

@@ -131,10 +131,11 @@ def pick_engine(name, model, **options):
     layers (it is the faster on a GPU and on a CPU: bench.py), else generate()."""
     if name not in ("auto", "hf", "fast"):
         raise ValueError(f"unknown engine {name!r}: auto, hf or fast")
-    if name == "fast" and not engine.FastEngine.fits(model):
+    fits = engine.FastEngine.fits(model)
+    if name == "fast" and not fits:
         raise SystemExit(f"--engine fast: the fast engine cannot hold this model's layers "
                          f"({sorted(set(getattr(model.config, 'layer_types', None) or ['?']))}); use --engine hf or auto")
-    if name == "hf" or (name == "auto" and not engine.FastEngine.fits(model)):
+    if name == "hf" or not fits:
         return GenerateEngine(model)
     return engine.FastEngine(model, **options)
 
@@ -178,25 +179,37 @@ class HFPolicy:
         ep["truncated"] = ep.get("truncated", 0) + (not stopped)
         return self.tokenizer.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
 
+    def drawer(self, episodes, device):
+        """draw(logits (B, V)) -> tokens (B,): at its t-th call, token t of each episode's reply this turn (_sample with
+        the row's seeded number, or the environment's forced token), kept with its logprob in draw.tokens and
+        draw.logprobs. Both engines draw through it, so they give the same tokens."""
+        uniforms, forced = self._uniforms(episodes, device), self._forced(episodes, device)
+        stop_ids = torch.tensor(self.chat.stop_ids, device=device)
+
+        def draw(logits):
+            t = len(draw.tokens)
+            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids,
+                                          None if forced is None else forced[:, t])
+            draw.tokens.append(token)
+            draw.logprobs.append(logprob)
+            return token
+        draw.tokens, draw.logprobs, draw.stop_ids = [], [], stop_ids
+        return draw
+
     def sample_replies(self, logits, step, episodes):
         """[(tokens, logprobs)] of each episode's reply, sampled from the first logits (B, V) and each token fed back
         through step(tokens (B,)) -> logits (B, V), the engine's decoding step."""
         device = logits.device
-        uniforms, forced = self._uniforms(episodes, device), self._forced(episodes, device)
-        stop_ids = torch.tensor(self.chat.stop_ids, device=device)
-        tokens, logprobs = [], []
+        draw = self.drawer(episodes, device)
         done = torch.zeros(len(episodes), dtype=torch.bool, device=device)
         check = 8 if device.type == "cuda" else 1  # all rows done? costs a host sync: on a GPU only every 8 tokens
         for t in range(self.max_new_tokens):
-            token, logprob = self._sample(logits, uniforms[:, t], t < self.min_new_tokens, stop_ids,
-                                          None if forced is None else forced[:, t])
-            tokens.append(token)
-            logprobs.append(logprob)
-            done |= torch.isin(token, stop_ids)
+            token = draw(logits)
+            done |= torch.isin(token, draw.stop_ids)
             if t + 1 == self.max_new_tokens or (t % check == check - 1 and bool(done.all())):
                 break
             logits = step(token)
-        return self.replies(torch.stack(tokens, 1), torch.stack(logprobs, 1))
+        return self.replies(torch.stack(draw.tokens, 1), torch.stack(draw.logprobs, 1))
 
     def replies(self, tokens, logprobs):
         """[(tokens, logprobs)] per row of (B, L) sampled tokens and their logprobs, each cut after its stop token."""
@@ -287,23 +300,16 @@ class GenerateEngine:
         for b, ep in enumerate(episodes):
             ids[b, W - len(ep["ids"]):] = torch.tensor(ep["ids"])
             att[b, W - len(ep["ids"]):] = 1
-        uniforms, forced = policy._uniforms(episodes, device), policy._forced(episodes, device)
-        stop_ids = torch.tensor(policy.chat.stop_ids, device=device)
-        tokens, logprobs = [], []
+        draw = policy.drawer(episodes, device)
 
         def choose(input_ids, scores):  # (B, V) fp32 logits -> scores whose only finite entry is the drawn token
-            t = len(tokens)
-            token, logprob = policy._sample(scores, uniforms[:, t], t < policy.min_new_tokens, stop_ids,
-                                            None if forced is None else forced[:, t])
-            tokens.append(token)
-            logprobs.append(logprob)
-            return torch.full_like(scores, float("-inf")).scatter(1, token[:, None], 0.0)
+            return torch.full_like(scores, float("-inf")).scatter(1, draw(scores)[:, None], 0.0)
         config = GenerationConfig(max_new_tokens=policy.max_new_tokens, do_sample=False, eos_token_id=policy.chat.stop_ids,
                                   pad_token_id=policy.pad_id)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             self.model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=config,
                                 logits_processor=LogitsProcessorList([choose]))
-        return policy.replies(torch.stack(tokens, 1), torch.stack(logprobs, 1))
+        return policy.replies(torch.stack(draw.tokens, 1), torch.stack(draw.logprobs, 1))
 
 
 class APIError(RuntimeError):
