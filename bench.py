@@ -40,7 +40,8 @@ import zlib
 import torch
 
 import rl
-from common import compile_layers, enable_grad_ckpt, on_device, pick_device, train_autocast
+from common import on_device, pick_device, train_autocast
+from engine import compile_layers, enable_grad_ckpt
 from sample import HFPolicy
 
 # ----------------------------------------------------------------------------- model shapes
@@ -182,9 +183,9 @@ def bench_shape(shape, engine, args, device):
     model, tokenizer = build_model(shape, device)
     rl_args = rl.parse_args(["--batch", str(args.examples * args.group), "--group", str(args.group), "--temp", str(args.temp),
                              "--max_new_tokens", str(args.reply_tokens), "--token_budget", str(args.token_budget),
-                             "--gen_batch", str(args.gen_batch), "--grad_ckpt", args.grad_ckpt, "--compile", args.compile])
+                             "--gen_batch", str(args.gen_batch), "--grad_ckpt", args.grad_ckpt])
     grad_ckpt = enable_grad_ckpt(model, rl_args.grad_ckpt, device)
-    compiled = compile_layers(model, rl_args.compile, device)
+    compiled = compile_layers(model, args.compile, device)
     env = FixedEnv(args.system_tokens, args.env_tokens, args.turns)
     policy = HFPolicy(model, tokenizer, env.system_prompt, rl_args.temp, 1.0, args.reply_tokens, rl_args.gen_batch,
                       min_new_tokens=args.reply_tokens, engine=engine, **({"cuda_graphs": not args.eager} if engine == "fast" else {}))
@@ -299,7 +300,7 @@ def main():
     p.add_argument("--token_budget", type=int, default=32768, help="rl.py --token_budget: padded tokens per micro-batch")
     p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                    help="rl.py --grad_ckpt: gradient checkpointing in the update (auto: on for 300M+ parameters on a GPU)")
-    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="rl.py --compile: the decoder "
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="the decoder "
                    "layers through torch.compile in the update (auto: on a GPU for 300M+ parameters; its compilation falls in the "
                    "warm-up step)")
     p.add_argument("--eager", action="store_true", help="decode without CUDA graphs (on a GPU rl.py captures the "

@@ -14,10 +14,13 @@ import os
 import pickle
 import random
 import shutil
+import sys
 import tempfile
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from ranks import check_ranks_agree, start_ranks, wait_for_rank0
 
 # ----------------------------------------------------------------------------- environments
 
@@ -228,60 +231,22 @@ def token_logprobs(model, ids, mask, temp, chunk=2048):
 # ----------------------------------------------------------------------------- a training run: flags, schedule, checkpoints, exact resume
 
 
-GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # --grad_ckpt auto turns it on from this many parameters, on a GPU
-
-
-def enable_grad_ckpt(model, setting, device):
-    """Gradient checkpointing as --grad_ckpt says (auto: on for a model of GRAD_CKPT_AUTO_PARAMS+ parameters on a
-    GPU); returns whether it is on."""
-    big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS
-    on = setting == "on" or (setting == "auto" and device.startswith("cuda") and big)
-    if on:  # transformers 5.2x renamed gradient_checkpointing_enable; 5.17 has only the old name
-        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
-    return on
-
-
-def compile_layers(model, setting, device, backend="inductor"):
-    """--compile: prepare the decoder layers to run through torch.compile inside compiled_layers(); returns whether on
-    (auto: on a GPU for a model of GRAD_CKPT_AUTO_PARAMS+ parameters, as --grad_ckpt auto: where it was measured;
-    a small model's update costs little, and the compilation would). Why: with fp32 weights under bf16 autocast the layers' elementwise work (RMSNorm in fp32,
-    rotary embeddings, the MLP's gate, dtype casts) runs as hundreds of unfused kernels; in the update of a
-    Qwen3-0.6B shape on an H100 it took over half the GPU time, the matrix products 17%. Compiled, it fuses.
-    One compilation serves every layer of the same kind and every micro-batch shape (dynamic shapes). The LM
-    head's log-softmax over the vocabulary (token_logprobs) is compiled too: unfused, each of its fp32 passes over a
-    (2048, 152k) chunk reads and writes 1.2 GB."""
-    big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS
-    on = setting == "on" or (setting == "auto" and device.startswith("cuda") and big)
-    if on:
-        for layer in model.get_decoder().layers:
-            layer.compiled_call = torch.compile(layer._call_impl, dynamic=True, backend=backend)
-        model.compiled_head_logprobs = torch.compile(head_logprobs, dynamic=True, backend=backend)
-    return on
-
-
 @contextlib.contextmanager
-def compiled_layers(model):
-    """Within: the layers that compile_layers prepared run compiled, so enter it around the forward *and* the
-    backward (gradient checkpointing recomputes the forward there); outside: eager, as the rollouts need (they
-    patch the layers' attention and capture their own CUDA graphs). The compiled LM-head piece needs no context:
-    only token_logprobs, a training forward, uses it."""
-    layers = [layer for layer in model.get_decoder().layers if hasattr(layer, "compiled_call")]
-    for layer in layers:
-        layer._compiled_call_impl = layer.compiled_call  # what nn.Module.compile() sets; __call__ uses it
+def out_of_memory_says(what_to_lower):
+    """Out of GPU memory within: one line naming the flags to turn down, not a traceback."""
     try:
         yield
-    finally:
-        for layer in layers:
-            layer._compiled_call_impl = None
+    except torch.OutOfMemoryError as e:
+        raise SystemExit(f"out of GPU memory {what_to_lower}.\n  ({str(e)[:200]})") from e
 
 
-def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_n, save_every):
+GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # --grad_ckpt auto (and compiling the update) from this many parameters, on a GPU
+GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
+
+def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_every):
     """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=warmup, help="linear lr warm-up steps")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default=schedule, help="lr schedule after warm-up")
-    p.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--grad_clip", type=float, default=1.0, help="gradient norm clipping")
     p.add_argument("--token_budget", type=int, default=token_budget, help="max padded tokens per micro-batch (gradient accumulation above it)")
     p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                    help="gradient checkpointing in the transformer (less memory, slower; --grad_ckpt alone: on). auto: on "
@@ -294,9 +259,6 @@ def add_train_args(p, lr, warmup, schedule, token_budget, out, eval_every, eval_
     p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (under torchrun: each rank takes the GPU of its LOCAL_RANK)")
-    p.add_argument("--dist_timeout", type=float, default=1800, help="under torchrun: seconds a rank waits for the others "
-                   "(at a gradient all-reduce, or while rank 0 evaluates, saves or plays teacher games) before it stops "
-                   "with an error instead of hanging")
     return p
 
 
@@ -346,8 +308,6 @@ def disk_full_says_what_is_kept(kept):
 TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must be)
     "lr": (positive, "a finite number > 0"),
     "warmup": (at_least(0), ">= 0"),
-    "weight_decay": (non_negative, "a finite number >= 0"),
-    "grad_clip": (positive, "a finite number > 0 (a negative one would reverse the gradient)"),
     "token_budget": (at_least(1), ">= 1"),
     "eval_every": (at_least(0), ">= 0 (0: evaluate only at the end)"),
     "eval_n": (at_least(1), ">= 1"),
@@ -355,7 +315,6 @@ TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must 
     "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and d.split(":")[-1].isdigit() or d == "cuda"),
                "auto, cpu, cuda or cuda:N"),
     "out": (can_write, "a directory you can write"),
-    "dist_timeout": (positive, "a finite number of seconds > 0"),
 }
 
 
@@ -375,6 +334,25 @@ def lr_at(step, lr, warmup, total, schedule):
     if schedule == "cosine" and total > warmup:
         return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup)))))
     return lr
+
+
+def start_run(args):
+    """(rank, world size, device) of a run: the seeds set, and under torchrun the process group joined, where the
+    ranks other than 0 print nothing (their errors still reach stderr)."""
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rank, world, device = start_ranks(pick_device(args.device))
+    if rank:
+        sys.stdout = open(os.devnull, "w")
+    return rank, world, device
+
+
+def save_run(model, tokenizer, out, rank, trainer_state, extra_json):
+    """A run's checkpoint, with the RNG states for an exact resume: every rank checks that it holds the weights that
+    rank 0 saves (check_ranks_agree), and rank 0 saves them."""
+    check_ranks_agree(model)
+    if rank == 0:
+        save_checkpoint(model, tokenizer, out, {**trainer_state, "rng": rng_state()}, extra_json)
 
 
 def checkpoint_to_resume(args, rank=0):
@@ -408,7 +386,7 @@ def start_or_resume(args, opt, resume, rank=0):
         raise SystemExit(f"{state_path} holds more than tensors and plain data, which could run code when loaded: "
                          f"refusing it. This project's checkpoints never do; resume from one of them, or start fresh "
                          f"without --resume.\n  ({str(e).splitlines()[0][:200]})")
-    opt.load_state_dict(ts["optimizer"])
+    opt.load_state_dict(ts.pop("optimizer"))  # the trainer state returned holds no second copy of it
     set_rng_state(ts["rng"])
     if os.path.exists(metrics_path) and rank == 0:  # keep the lines written before the checkpoint (not one cut short)
         rows = open(metrics_path).readlines()[:ts.get("log_lines")]
@@ -496,125 +474,6 @@ def set_rng_state(s):
     torch.set_rng_state(s["torch"])
     if s.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
-
-
-# ----------------------------------------------------------------------------- several processes (torchrun)
-# Data parallelism on torch.distributed: torchrun starts one process per GPU (RANK, WORLD_SIZE, LOCAL_RANK in the
-# environment); every rank holds the whole model and optimizer, works on its share of each step's batch, and the
-# gradients are summed over the ranks before an identical optimizer step everywhere. Launched without torchrun
-# there is no process group, and every function below costs nothing and does nothing.
-
-
-def start_ranks(device, timeout_s):
-    """(rank, world size, device) of this process. Under torchrun: join the process group (NCCL on GPUs, gloo on
-    CPU) and take the GPU of LOCAL_RANK; alone: (0, 1, device)."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1, device
-    import datetime
-    import torch.distributed as dist
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    if device.startswith("cuda"):
-        if ":" in device:
-            raise SystemExit(f"--device {device}: under torchrun each rank takes the GPU of its LOCAL_RANK; use --device auto or cuda")
-        if local >= torch.cuda.device_count():
-            raise SystemExit(f"rank {rank} (LOCAL_RANK {local}) has no GPU: this node has {torch.cuda.device_count()}; "
-                             "start at most that many processes per node (torchrun --nproc_per_node)")
-        device = f"cuda:{local}"
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return rank, world, device
-
-
-def stop_ranks():
-    """The end of a run: every rank waits for rank 0's last evaluation and save, then leaves the process group
-    together (a rank that left while another still used the group could abort it)."""
-    if _distributed():
-        wait_for_rank0("end of the run")
-        torch.distributed.destroy_process_group()
-
-
-def _distributed():
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-@contextlib.contextmanager
-def _together(what):
-    """A collective call: a rank that died or fell more than --dist_timeout behind ends it with one clear line."""
-    try:
-        yield
-    except (RuntimeError, torch.distributed.DistError) as e:
-        raise SystemExit(f"rank {torch.distributed.get_rank()}: another rank stopped, or did not reach the {what} within "
-                         f"--dist_timeout: stopping too (the first error above, from the rank that failed, says why; raise "
-                         f"--dist_timeout if rank 0 was only busy evaluating or saving).\n  ({str(e).splitlines()[0][:300]})") from None
-
-
-def _comm_device():
-    return f"cuda:{torch.cuda.current_device()}" if torch.distributed.get_backend() == "nccl" else "cpu"
-
-
-def sum_over_ranks(values):
-    """[sum over the ranks of each number in `values`] (the values themselves when alone)."""
-    if not _distributed():
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
-    with _together("sum of step statistics"):
-        torch.distributed.all_reduce(t)
-    return t.tolist()
-
-
-def sum_gradients(model):
-    """Sum every parameter's gradient over the ranks, in place. Each rank's loss was already divided by the whole
-    batch's normaliser, so the sum is the gradient of the whole batch, the one a single process computes. (An
-    explicit all-reduce rather than DistributedDataParallel: the model is also the rollouts' sampler, which must
-    see it unwrapped, and an RL step spends its time in the rollouts, not here.)"""
-    if not _distributed():
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:  # a rank with no trained episode this step: it adds zeros
-            p.grad = torch.zeros_like(p)
-    with _together("gradient all-reduce"):
-        for p in params:
-            torch.distributed.all_reduce(p.grad)
-
-
-def gather_from_ranks(obj):
-    """[obj of rank 0, obj of rank 1, ...] on every rank ([obj] alone): small Python objects only."""
-    if not _distributed():
-        return [obj]
-    out = [None] * torch.distributed.get_world_size()
-    with _together("gathering of the step's results"):
-        torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def from_rank0(obj):
-    """Rank 0's obj, on every rank (obj itself alone)."""
-    if not _distributed():
-        return obj
-    box = [obj]
-    with _together("message from rank 0"):
-        torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def check_ranks_agree(model):
-    """Stop, on every rank, if the ranks' weights are not all the same (which summed gradients and identical optimizer
-    steps guarantee, so a difference means a bug or a non-deterministic kernel; a checkpoint would hold rank 0's)."""
-    if not _distributed():
-        return
-    fingerprint = [sum(float(p.detach().double().abs().sum()) for p in model.parameters()),
-                   sum(float(p.detach().double().sum()) for p in model.parameters())]
-    prints = gather_from_ranks(fingerprint)
-    if any(f != prints[0] for f in prints):
-        raise SystemExit(f"the ranks' weights differ (fingerprints {prints}): a rank's update was not the others'")
-
-
-def wait_for_rank0(what):
-    """Every rank waits here until rank 0 has done `what` (e.g. written the files the others read next)."""
-    if _distributed():
-        with _together(what):
-            torch.distributed.barrier()
 
 
 # ----------------------------------------------------------------------------- log lines

@@ -1,7 +1,7 @@
 """
 Arithmetic with a calculator tool: a tool-calling environment in one file.
 
-    python sample.py --env calc --model oracle -n 2                  # the scripted player that uses the tool
+    python eval.py --env calc --model oracle -n 2 --show 2          # the scripted player that uses the tool
     python eval.py --env calc --model guess -n 200                   # the no-tool baseline: answers at a glance
     python eval.py --env calc --model out/calc/rl -n 200 --temp 0    # a trained model, with the tool
     python eval.py --env calc --env_args '{"tools": false}' --model out/calc/rl -n 200 --temp 0   # ... without it

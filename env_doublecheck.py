@@ -1,7 +1,7 @@
 """
 Double-check (two turns): answer an arithmetic question, get asked "Are you sure?", give the final answer.
 
-    python sample.py --env doublecheck --model oracle -n 2          # the scripted player that is always right
+    python eval.py --env doublecheck --model oracle -n 2 --show 2  # the scripted player that is always right
     python eval.py --env doublecheck --model hasty -n 200           # wrong 30% of the time at first, then fixed
     python eval.py --env doublecheck --model out/dc/rl -n 200 --temp 0
     python eval.py --env doublecheck --env_args '{"max_value": 999}' --model out/dc/rl -n 200

@@ -1,9 +1,10 @@
 """
 Tic-tac-toe against a seeded, unbiased minimax opponent (multi-turn environment).
 
-    python sample.py --model minimax --env tictactoe -n 2              # watch the scripted player
+    python eval.py --model minimax --env tictactoe -n 2 --show 2      # watch the scripted player
     python eval.py --model random --env tictactoe --opponent optimal   # a baseline
     python env_tictactoe.py --model out/rl                             # play against a model yourself
+    python env_tictactoe.py --report out/speedrun                      # the speedrun's report (its scripts add the run's flags)
 
 The model plays X, the opponent O; the example's seed decides who moves first. The opponent plays a
 uniformly random free cell with probability `random_move_prob`, otherwise a uniformly random choice among
@@ -19,7 +20,7 @@ Replies are untrusted text; their outcomes (see `parse_move`):
     why, the turn is used up and the game goes on;
   - a reply is well-formed (format reward) when it is exactly <think>...</think> then <move>N</move>,
     whitespace aside, with no tags nested inside the think block.
-Pure Python: no torch here (but certify, which plays a policy through sample.py).
+Pure Python: no torch here (but certify, which plays a policy through sample.py, and the speedrun's report).
 """
 import fractions
 import json
@@ -326,6 +327,10 @@ def parse_move(reply, board):
 # The two standard evaluation settings (eval.py --opponent, and the evaluations inside sft.py and rl.py).
 EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0, "puzzles": 0.0},
                  "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0, "puzzles": 0.0}}
+# the certificate's panels in curves.png (eval.plot_curves, from rl.py and the speedrun's report): lost lines and
+# mistaken decisions; the optimal-move share and the exact win rate against the random opponent
+CERTIFY_CURVES = (("certificate (greedy, every opponent line)", ("lines_lost", "mistakes")),
+                  ("certificate: optimal moves, exact wins vs random", ("optimal_move_rate", "random_win_rate")))
 
 SYSTEM_PROMPT = """You play tic-tac-toe as X against an opponent playing O. Three in a row (a row, column or diagonal) wins.
 Cells are numbered 0-8, row by row:
@@ -339,12 +344,13 @@ The board shows free cells as their numbers. Reply with a short reasoning inside
 class TicTacToe:
     system_prompt = SYSTEM_PROMPT
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
+    certify_curves = CERTIFY_CURVES  # rl.py --exploit's curves.png
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
                  show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                  loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
                  missed_win_penalty=0.0, show_wins=False, replay_explore=None, exploit_rank="mistakes",
-                 opponent=None):
+                 exploit_stop=False, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
@@ -365,6 +371,7 @@ class TicTacToe:
                 ("replay_explore", replay_explore, replay_explore in (None, *SCRIPTED_PLAYERS),
                  "null or a scripted player: " + ", ".join(map(repr, SCRIPTED_PLAYERS))),
                 ("exploit_rank", exploit_rank, exploit_rank in EXPLOIT_RANKS, " or ".join(map(repr, EXPLOIT_RANKS))),
+                ("exploit_stop", exploit_stop, isinstance(exploit_stop, bool), "true or false"),
                 ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
                 ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
                 ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
@@ -379,7 +386,7 @@ class TicTacToe:
         self.invalid_penalty, self.opening = invalid_penalty, opening
         self.show_cells, self.show_wins = show_cells, show_wins
         self.opening_player, self.replay_from, self.replay_explore = opening_player, replay_from, replay_explore
-        self.exploit_rank = exploit_rank
+        self.exploit_rank, self.exploit_stop = exploit_rank, exploit_stop
         self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
         self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
         self.missed_win_penalty = missed_win_penalty
@@ -687,7 +694,7 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
                      show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
                      loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
                      missed_win_penalty=0.0, show_wins=False, replay_explore=None, exploit_rank="mistakes",
-                     opponent=None):
+                     exploit_stop=False, opponent=None):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -728,12 +735,13 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     place, in that player's words (`forced_reply`), so the group compares the mistake with moves the policy is too
     sure of to sample; null: off; exploit_rank: how rl.py --exploit ranks two certificates with as many lost lines,
     "mistakes" (fewer mistaken decisions) or "random_wins" (a higher exact win rate against the random opponent:
-    among policies that never lose, the one that wins most against a weak one); opponent: a
+    among policies that never lose, the one that wins most against a weak one); exploit_stop: rl.py --exploit stops
+    the run at the first certificate that finds no mistake (the exploiter has nothing left to teach); opponent: a
     function state -> cell that replaces the seeded opponent (not from --env_args: `python env_tictactoe.py` and tests pass
     one)."""
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
                      opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
-                     missed_win_penalty, show_wins, replay_explore, exploit_rank, opponent)
+                     missed_win_penalty, show_wins, replay_explore, exploit_rank, exploit_stop, opponent)
 
 
 # ----------------------------------------------------------------------------- play against a model in the terminal
@@ -768,17 +776,157 @@ def play_human(policy, env_args, games=None):
             return
 
 
-if __name__ == "__main__":
+# ----------------------------------------------------------------------------- the speedrun's report and checks
+
+def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args="",
+                 resumed=False):
+    """OUT/results.json, OUT/report.md and OUT/curves.png from the evaluations speedrun.sh (or speedrun_random_teacher.sh)
+    wrote to OUT/eval/{teacher,sft,rl}/{optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT
+    teacher (minimax with random-move probability teacher_p, or a rules teacher) and the other arguments name the run's recipe."""
+    import platform
+
+    import torch
+
+    from eval import plot_curves
+    t_sft, t_rl, t_all = times or (None, None, None)
+    load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
+    res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
+    # a resumed speedrun (RESUME=1) times only its own invocation: the stages finished before it count ~0
+    res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all), "resumed": resumed} if times else None
+    res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
+    # the RL stages the run had, in order: (directory, the model it starts from, its flags, its name); the last gives the
+    # RL model, its best certificate's weights
+    stages = [stage for stage in (("rl_puzzles", "sft", puzzle_args, "puzzle stage "),
+                                  ("rl", "rl_puzzles" if puzzle_args else "sft", rl_args, ""),
+                                  ("rl_polish", "rl", polish_args, "third stage "),
+                                  ("rl_wins", "rl_polish_best", wins_args, "fourth stage ")) if stage[0] == "rl" or stage[2]]
+    best = os.path.join(out, stages[-1][0] + "_best", "certificate.json")
+    res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    max_new = json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["max_new_tokens"]
+    teacher_flags = f"--teacher minimax --teacher_random_prob {teacher_p}" if teacher == "minimax" else f"--teacher {teacher}"
+    name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
+                       f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
+            "rl": "RL model" + (f" ({stages[-1][3]}step {res['rl_step']}: the best certificate)" if res["rl_step"] is not None else "")}
+    rows = ["| model | opponent | win | draw | loss | format | games with invalid move |", "|---|---|---|---|---|---|---|"]
+    for w in ("teacher", "sft", "rl"):
+        for o in ("random", "optimal"):
+            s = res[w][o]
+            rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | {s['loss_rate']:.1%} | {s['format_rate']:.1%} | {s['invalid_rate']:.1%} |")
+    cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves | wins taken | threats blocked | "
+            "other moves optimal | true `Wins:` checks | own wins stated | random opponent, exact: win / loss |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w in ("teacher", "sft", "rl"):
+        c = res[w]["certificate"]
+        cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | {c['lines_lost']} | "
+                    f"{c['mistakes']} of {c['decisions']} | {c['optimal_move_rate']:.1%} | {c['wins_taken']} of "
+                    f"{c['win_positions']} | {c['threats_blocked']} of {c['block_positions']} | {c['quiet_optimal']} of {c['quiet_positions']} | "
+                    f"{c['checks_true']} of {c['decisions']} | {c['wins_stated']} of {c['win_positions']} | "
+                    f"{c['random_win_rate']:.1%} / {c['random_loss_rate']:.1%} |")
+    # where the RL model still errs: the certificate's positions (board row by row, X = the model)
+    errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
+    shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
+             f"`{' '.join(m['reply'].split())}`" for m in errs[:20]]
+    n = res["rl"]["optimal"]["n"]
+    errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
+              if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
+    nl = "\n"
+    drawn = plot_curves([(d, os.path.join(out, d, "metrics.jsonl")) for d, *_ in stages], os.path.join(out, "curves.png"), CERTIFY_CURVES)
+    metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d, *_ in stages)
+    rl_commands = "".join(f"    python rl.py --model {out}/{start} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
+    report = f"""# speedrun report
+
+Machine: {res['machine']}. {f"Wall time{' of this resumed invocation alone (RESUME=1; earlier ones not counted)' if resumed else ''}: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
+
+## Greedy play, {n} games per opponent
+{nl.join(rows)}
+
+## Certificate: the greedy policy against every opponent line (moving first and second)
+{nl.join(cert)}
+
+Each decision by what its position demands: a win to take (the model can complete a line at once), else a threat to
+block (the opponent could), else another move, optimal by minimax (where forks are made or stopped). A true check:
+the reply's <think> opens with `Wins: me A, opponent B.` and it is right (and its `Then: me C.`, where written);
+own wins stated: at the positions with a win to take, the check's `me` part names exactly those cells. Random
+opponent, exact: the greedy policy's results against a uniformly random opponent, every line weighted by its
+probability (the games above sample them, 200 to about 2 points).
+
+{errors}
+{nl.join(shown)}
+
+## Commands
+    python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
+{rl_commands}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
+
+Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn else "none drawn (matplotlib is not installed)"}; the metrics: {metrics}
+"""
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
+def puzzle_learnt(metrics_path, until):
+    """Whether the solver's reward (reward_optimal) of an rl.py run averages `until` over its last 10 steps (the block
+    stage of speedrun_random_teacher.sh PUZZLE_UNTIL); says what it found."""
+    rows = [json.loads(line) for line in open(metrics_path)]
+    last = [r["reward_optimal"] for r in rows if "reward_optimal" in r][-10:]
+    mean = sum(last) / max(len(last), 1)
+    print(f"the block stage at step {rows[-1]['step'] if rows else 0}: solver reward {mean:.3f} over its last {len(last)} steps (until {until})")
+    return bool(last) and mean >= until
+
+
+def lost_lines(certificate_path):
+    """The lost lines of a certificate.json (speedrun_random_teacher.sh: the third stage's best); says how many."""
+    lost = json.load(open(certificate_path))["lines_lost"]
+    print(f"the third stage's best certificate: {lost} lost lines")
+    return lost
+
+
+def main():
     import argparse
+    import sys
 
     from common import parse_env_args
-    from sample import add_policy_args, policy_from_args
-    parser = add_policy_args(argparse.ArgumentParser(description="Play tic-tac-toe against a model in the terminal: the model "
-                                                                 "is X, you are O. --env_args as for the model's training."))
-    parser.set_defaults(temp=0.0)
-    args = parser.parse_args()
+    from policies import add_policy_args, policy_from_args
+    p = add_policy_args(argparse.ArgumentParser(description="Play tic-tac-toe against a model in the terminal: the model is X, "
+                                                "you are O (--env_args as for the model's training). Or, loading no model, "
+                                                "the speedrun's report (--report) and checks (--puzzle_learnt, --lost_lines)."))
+    p.set_defaults(temp=0.0)
+    r = p.add_argument_group("the speedrun's report and checks (speedrun.sh, speedrun_random_teacher.sh)")
+    r.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md, OUT/results.json and OUT/curves.png "
+                   "(where matplotlib is installed) from the evaluations the speedrun left in OUT/eval; with --times, "
+                   "--teacher and --random_move_prob (the SFT teacher's), --sft_args, --rl_args (and the other stages' flags) "
+                   "and --env_args (the evaluation's) naming the run")
+    r.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
+    r.add_argument("--resumed", action="store_true", help="--report: --times are those of a resumed run's last invocation alone (RESUME=1)")
+    r.add_argument("--teacher", choices=["minimax", *RULES_PLAYERS], default="minimax", help="--report: the SFT teacher: minimax "
+                   "with --random_move_prob (speedrun.sh), or rules / rules_wins / rules_then, random legal moves "
+                   "(speedrun_random_teacher.sh TEACHER)")
+    r.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
+    r.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py (its main RL stage)")
+    r.add_argument("--puzzle_args", default="", help="--report: the flags of an RL stage on puzzles before it, if any (PUZZLE_STEPS)")
+    r.add_argument("--polish_args", default="", help="--report: the flags of an RL stage after it, if any (POLISH_STEPS)")
+    r.add_argument("--wins_args", default="", help="--report: the flags of a fourth RL stage from the third's best weights, if any (WINS_STEPS)")
+    r.add_argument("--puzzle_learnt", nargs=2, default=None, metavar=("METRICS", "UNTIL"), help="exit 0 if the solver reward "
+                   "(reward_optimal) averages at least UNTIL over the last 10 steps of METRICS (an rl.py metrics.jsonl), else 1")
+    r.add_argument("--lost_lines", default=None, metavar="CERT", help="exit 0 if the certificate CERT (a certificate.json) "
+                   "loses a line, else 1")
+    args = p.parse_args()
+    if args.report:
+        return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args,
+                            args.env_args, args.puzzle_args, args.polish_args, args.wins_args, args.resumed)
+    if args.puzzle_learnt:
+        metrics, until = args.puzzle_learnt
+        sys.exit(0 if puzzle_learnt(metrics, float(until)) else 1)
+    if args.lost_lines:
+        sys.exit(0 if lost_lines(args.lost_lines) > 0 else 1)
     try:
         env_args = parse_env_args(args.env_args)
         play_human(policy_from_args(args, load_environment(**env_args)), env_args)
     except (EOFError, KeyboardInterrupt):
         print("\nbye")
+
+
+if __name__ == "__main__":
+    main()

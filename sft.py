@@ -31,17 +31,19 @@ import json
 import math
 import os
 import random
-import sys
 import time
 
 import torch
 
-from common import (TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, check_ranks_agree, checkpoint_to_resume,
-                    disk_full_says_what_is_kept, enable_grad_ckpt, load_env, load_model, log_eval, log_line, lr_at,
-                    non_negative, pad_batch, parse_env_args, pick_device, positive, rng_state, samples_when_served,
-                    save_checkpoint, start_or_resume, start_ranks, stop_ranks, sum_gradients, sum_over_ranks,
-                    token_logprobs, token_microbatches, train_autocast, wait_for_rank0)
-from sample import ChatTokens, HFPolicy, ScriptedPolicy, has_scripted_player, make_policy, rollout
+from common import (GRAD_CLIP, TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume,
+                    disk_full_says_what_is_kept, load_env, load_model, log_eval, log_line, lr_at, non_negative,
+                    pad_batch, parse_env_args, positive, samples_when_served, save_run, start_or_resume, start_run,
+                    token_logprobs, token_microbatches, train_autocast)
+from engine import enable_grad_ckpt
+from ranks import stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
+from policies import ScriptedPolicy, has_scripted_player, make_policy
+from sample import ChatTokens, HFPolicy, rollout
+
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -177,7 +179,45 @@ def sft_loss(model, rows, context_loss, pad_id):
 # ----------------------------------------------------------------------------- main
 
 
-def main():
+def model_path(args, env, rank, resume):
+    """The model to train: the run's own checkpoint on --resume, --model, or a scratch model that rank 0 builds in
+    DIR_init (under torchrun the others then load what it saved)."""
+    if resume:
+        return args.out
+    if args.model != "scratch":
+        return args.model
+    if rank == 0:
+        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
+    wait_for_rank0(f"scratch model in {args.out}_init")
+    return args.out + "_init"
+
+
+def training_data(args, env, chat, rank, resume, user_data):
+    """[(ids, mask)] of the conversations to train on: --data's, or the teacher's kept games, written to DIR/data.jsonl
+    (under torchrun rank 0 plays them, the others waiting up to DIST_TIMEOUT, and every rank reads them back)."""
+    data_path = os.path.join(args.out, "data.jsonl")
+    if rank == 0 and not resume:
+        convs = user_data if args.data else teacher_games(args, env)
+        if not convs:
+            raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
+                             "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")
+        os.makedirs(args.out, exist_ok=True)
+        with open(data_path, "w") as f:
+            f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
+    wait_for_rank0(f"teacher games in {data_path}")
+    if rank or resume:
+        convs = read_data(data_path)
+    encoded = [chat.encode_conversation(c) for c in convs]
+    dropped = sum(len(ids) > args.max_len for ids, _ in encoded)
+    encoded = [e for e in encoded if len(e[0]) <= args.max_len]
+    if not encoded:
+        raise SystemExit(f"every conversation is longer than --max_len {args.max_len}")
+    print(f"data: {len(encoded)} conversations, {sum(len(i) for i, _ in encoded)} tokens, "
+          f"{sum(sum(m) for _, m in encoded)} trained on" + (f", {dropped} dropped as longer than --max_len" if dropped else ""))
+    return encoded
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # model and data
     p.add_argument("--model", default="scratch", help="hub id or directory to fine-tune, or 'scratch' to build a small model offline")
@@ -208,8 +248,9 @@ def main():
                    "tokens (default: 0.3 with --model scratch, a model that has read nothing and must learn to read the board; "
                    "0 otherwise: assistant tokens only, the usual SFT)")
     p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
-    add_train_args(p, lr=2e-3, warmup=10, schedule="cosine", token_budget=16384, out="out/sft", eval_every=500, eval_n=50, save_every=500)
-    args = p.parse_args()
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine", help="lr schedule after warm-up (cosine: to 10%% of --lr)")
+    add_train_args(p, lr=2e-3, warmup=10, token_budget=16384, out="out/sft", eval_every=500, eval_n=50, save_every=500)
+    args = p.parse_args(argv)
     check_flags(args, {**TRAIN_FLAG_RULES, "n_games": (at_least(1), ">= 1"), "batch": (at_least(1), ">= 1"),
                        "max_steps": (at_least(0), ">= 0 (0: from --epochs)"), "epochs": (positive, "a finite number > 0"),
                        "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
@@ -222,62 +263,29 @@ def main():
 
     if args.context_loss is None:
         args.context_loss = 0.3 if args.model == "scratch" else 0.0
+    return args
 
-    # ---- setup; under torchrun, rank 0 alone prints and writes files (the others' errors still reach stderr)
+
+def main():
+    args = parse_args()
     t_start = time.time()
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    rank, world, device = start_ranks(pick_device(args.device), args.dist_timeout)
-    if rank:
-        sys.stdout = open(os.devnull, "w")
+    rank, world, device = start_run(args)  # under torchrun, rank 0 alone prints and writes files
     env = load_env(args.env, args.env_args)
     resume = checkpoint_to_resume(args, rank)
     # a --data file is read first: a bad line stops the run before a model is built or loaded
     user_data = read_data(args.data) if args.data and rank == 0 and not resume else None
-
-    # ---- model: loaded before any game is played or any file written, so a bad --model costs nothing and loses
-    # nothing (an HF teacher then plays while the student is in memory). Under torchrun rank 0 builds the scratch
-    # model and the others load what it saved.
-    if resume:
-        model_path = args.out
-    elif args.model == "scratch":
-        model_path = args.out + "_init"
-        if rank == 0:
-            build_scratch(model_path, env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
-        wait_for_rank0(f"scratch model in {model_path}")
-    else:
-        model_path = args.model
-    model, tokenizer = load_model(model_path, device, train=True)
-
-    # ---- data: under torchrun rank 0 plays the teacher's games (the others wait, up to --dist_timeout) and every
-    # rank reads the kept ones back from DIR/data.jsonl
-    data_path = os.path.join(args.out, "data.jsonl")
-    if rank == 0 and not resume:
-        convs = user_data if args.data else teacher_games(args, env)
-        if not convs:
-            raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
-                             "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")
-        os.makedirs(args.out, exist_ok=True)
-        with open(data_path, "w") as f:
-            f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
-    wait_for_rank0(f"teacher games in {data_path}")
-    if rank or resume:
-        convs = read_data(data_path)
-
+    # the model is loaded before any game is played or any file written, so a bad --model costs nothing and loses
+    # nothing (an HF teacher then plays while the student is in memory)
+    model, tokenizer = load_model(model_path(args, env, rank, resume), device, train=True)
     chat = ChatTokens(tokenizer, env.system_prompt)
-    encoded = [chat.encode_conversation(c) for c in convs]
-    dropped = sum(len(ids) > args.max_len for ids, _ in encoded)
-    encoded = [e for e in encoded if len(e[0]) <= args.max_len]
-    if not encoded:
-        raise SystemExit(f"every conversation is longer than --max_len {args.max_len}")
-    print(f"data: {len(encoded)} conversations, {sum(len(i) for i, _ in encoded)} tokens, "
-          f"{sum(sum(m) for _, m in encoded)} trained on" + (f", {dropped} dropped as longer than --max_len" if dropped else ""))
+    encoded = training_data(args, env, chat, rank, resume, user_data)
     enable_grad_ckpt(model, args.grad_ckpt, device)
+
 
     # ---- optimizer
     steps_per_epoch = max(1, len(encoded) // args.batch)
     total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     step = start_or_resume(args, opt, resume, rank)["step"]
 
     def batch_indices(step):
@@ -305,12 +313,9 @@ def main():
         log_eval(step, evals, metrics_path)
         model.train()
 
-    def save(step):  # every rank checks that it holds the weights rank 0 saves
-        check_ranks_agree(model)
-        if rank:
-            return
-        save_checkpoint(model, tokenizer, args.out, {"optimizer": opt.state_dict(), "step": step, "rng": rng_state()},
-                        {"sft_args.json": vars(args), "sft_results.json": {"step": step, "eval": results, "wall_s": time.time() - t_start}})
+    def save(step):
+        save_run(model, tokenizer, args.out, rank, {"optimizer": opt.state_dict(), "step": step},
+                 {"sft_args.json": vars(args), "sft_results.json": {"step": step, "eval": results, "wall_s": time.time() - t_start}})
 
     model.train()
     amp = train_autocast(device)
@@ -331,7 +336,7 @@ def main():
             n_tok += len(mb) * max(len(encoded[idx[j]][0]) for j in mb)
         sum_gradients(model)  # under torchrun: the whole batch's gradient, on every rank
         loss_sum, ctx_sum, n_ctx, n_tok = sum_over_ranks([loss_sum, ctx_sum, n_ctx, n_tok])
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item()
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1

@@ -113,7 +113,7 @@ def compile_decoding():
     layer. Patches engine.FastEngine for the rest of the process (bench.main too); returns the undo."""
     import torch._dynamo
     import engine
-    from common import compile_layers, compiled_layers
+    from engine import compile_layers, compiled_layers
     saved = (torch._dynamo.config.allow_unspec_int_on_nn_module, torch._dynamo.config.recompile_limit,
              engine.RowCache.update, engine.FastEngine._continue)
     torch._dynamo.config.allow_unspec_int_on_nn_module = True

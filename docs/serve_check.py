@@ -30,7 +30,8 @@ import torch  # noqa: E402
 import common  # noqa: E402
 import eval as eval_mod  # noqa: E402
 from env_tictactoe import EVAL_SETTINGS  # noqa: E402
-from sample import APIPolicy, HFPolicy  # noqa: E402
+from policies import APIPolicy  # noqa: E402
+from sample import HFPolicy  # noqa: E402
 
 
 def as_qwen2(model, out):

@@ -23,21 +23,20 @@ import common  # noqa: E402
 
 # the numeric flags of each script, and those where 0 is a valid value (it then means "off", "greedy" or "default")
 NUMERIC = {
-    "rl": ["--batch", "--group", "--temp", "--top_p", "--max_new_tokens", "--gen_batch", "--steps", "--eps_low",
-           "--eps_high", "--beta", "--ppo_epochs", "--minibatch", "--max_bad_steps", "--exploit", "--lr", "--warmup",
-           "--weight_decay", "--grad_clip", "--token_budget", "--eval_every", "--eval_n", "--save_every"],
+    "rl": ["--batch", "--group", "--temp", "--max_new_tokens", "--gen_batch", "--steps", "--eps_low", "--eps_high",
+           "--beta", "--ppo_epochs", "--minibatch", "--exploit", "--lr", "--warmup", "--token_budget", "--eval_every",
+           "--eval_n", "--save_every"],
     "sft": ["--teacher_random_prob", "--teacher_temp", "--concurrency", "--max_new_tokens", "--n_games", "--vocab_size",
             "--d_model", "--n_layers", "--n_heads", "--epochs", "--max_steps", "--batch", "--context_loss", "--max_len",
-            "--lr", "--warmup", "--weight_decay", "--grad_clip", "--token_budget", "--eval_every", "--eval_n", "--save_every"],
+            "--lr", "--warmup", "--token_budget", "--eval_every", "--eval_n", "--save_every"],
     "eval": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n",
              "--rollouts", "--show"],
-    "sample": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n"],
 }
 ZERO_IS_VALID = {"rl": {"--steps", "--eps_low", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
-                        "--weight_decay", "--eval_every", "--save_every"},
+                        "--eval_every", "--save_every"},
                  "sft": {"--teacher_random_prob", "--teacher_temp", "--max_steps", "--context_loss", "--warmup",
-                         "--weight_decay", "--eval_every", "--save_every"},
-                 "eval": {"--temp", "--random_move_prob", "--show"}, "sample": {"--temp", "--random_move_prob"}}
+                         "--eval_every", "--save_every"},
+                 "eval": {"--temp", "--random_move_prob", "--show"}}
 ENV_FILES = {  # env_NAME.py: its source, and the message
     "syntax": ("def load_environment(:\n", "env_syntax.py failed to import: SyntaxError"),
     "raises": ("raise RuntimeError('boom')\n", "env_raises.py failed to import: RuntimeError: boom"),
@@ -80,25 +79,22 @@ def cases():
         for env, env_args, message in ENV_ARGS:
             yield script, ["--env", env, "--env_args", env_args], message
         yield script, ["--device", "nonsense"], "--device nonsense: must be auto, cpu, cuda or cuda:N"
-        what = "a file" if script == "sample" else "a directory"
         for out in ["{file}/sub", "/proc/no_such_dir/sub"]:
-            yield script, ["--out", out], f"must be {what} you can write"
-    yield "sample", ["--out", "{tmp}"], "must be a file you can write"
-    for script in ["rl", "sft", "eval", "sample"]:
+            yield script, ["--out", out], "must be a directory you can write"
+    for script in ["rl", "sft", "eval"]:
         yield script, ["--model", "{tmp}/no_such_model"], "could not load model"
         yield script, ["--model", "{corrupt}"], "could not load model"
         yield script, ["--model", "{file}"], "could not load model"
     yield "eval", ["--model", "random", "--env", "reverse"], "unknown scripted player 'random' for reverse: use 'oracle'"
-    yield "sample", ["--model", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
     yield "sft", ["--teacher", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
     yield "sft", ["--keep", "reward>=abc"], "--keep reward>=abc: must be not_lost, won, all or reward>=X"
     yield "sft", ["--keep", "best"], "--keep best: must be"
     yield "sft", ["--d_model", "30", "--n_heads", "4"], "--d_model 30: must be a positive multiple of --n_heads 4"
     yield "sft", ["--data", "{tmp}/no_such.jsonl"], "does not exist"
     yield "sft", ["--data", "{binary}"], "{binary}' is not UTF-8 text (byte 128)"
-    for script in ["rl", "sft", "eval", "sample"]:  # a run directory that is not there yet: no hub lookup at all
+    for script in ["rl", "sft", "eval"]:  # a run directory that is not there yet: no hub lookup at all
         yield script, ["--model", "out/no_such_run"], "could not load model 'out/no_such_run': there is no such directory"
-    yield "rl", ["--batch", "6", "--group", "4"], "--batch 6 must be a multiple of --group 4"
+    yield "rl", ["--batch", "6", "--group", "4"], "--batch 6: must be a positive multiple of --group 4"
     yield "rl", ["--group", "1"], "--group 1: must be >= 2"
     yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit() hook"
     yield "eval", ["--certify", "--temp", "1"], "--certify proves the greedy policy: use --temp 0"
@@ -112,8 +108,7 @@ BASE = {"rl": ["--model", "{model}", "--batch", "4", "--group", "2", "--steps", 
                "--max_new_tokens", "8", "--device", "cpu", "--out", "{out}"],
         "sft": ["--vocab_size", "300", "--d_model", "16", "--n_layers", "1", "--n_heads", "1", "--n_games", "8",
                 "--max_steps", "1", "--eval_n", "1", "--device", "cpu", "--out", "{out}"],
-        "eval": ["--model", "random", "-n", "2", "--out", "{out}"],
-        "sample": ["--model", "random", "-n", "1"]}
+        "eval": ["--model", "random", "-n", "2", "--out", "{out}"]}
 
 
 @pytest.fixture(scope="module")

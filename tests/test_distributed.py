@@ -19,21 +19,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # rl.py on an environment where a tiny random model gets varied rewards (so every step has a gradient), 4 groups of 4
 RL = ["rl.py", "--env", "digits", "--batch", "16", "--group", "4", "--max_new_tokens", "6", "--lr", "1e-2", "--warmup", "1",
-      "--eval_every", "0", "--eval_n", "2", "--save_every", "2", "--temp", "1.5", "--device", "cpu", "--dist_timeout", "120"]
+      "--eval_every", "0", "--eval_n", "2", "--save_every", "2", "--temp", "1.5", "--device", "cpu"]
 # and on tic-tac-toe with the exploiter: rank 0 certifies the greedy policy, every rank replays its lines
 EXPLOIT = ["--env", "tictactoe", "--env_args", '{"max_turns": 3, "show_cells": true}', "--exploit", "2"]
 SFT = ["sft.py", "--model", "scratch", "--n_games", "40", "--vocab_size", "300", "--d_model", "32", "--n_layers", "2",
        "--n_heads", "2", "--max_steps", "4", "--batch", "5", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
-       "--device", "cpu", "--dist_timeout", "120"]
+       "--device", "cpu"]
 
 
-def launch(argv, ranks, env_dir=None, timeout=300):
+def launch(argv, ranks, env_dir=None, timeout=300, dist_timeout=120):
     """`python SCRIPT ...` (ranks 0) or `torchrun --nproc_per_node RANKS SCRIPT ...`; returns the finished process."""
     if ranks:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *argv]
     else:
         cmd = [sys.executable, *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": env_dir or ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": env_dir or "", "DIST_TIMEOUT": str(dist_timeout)}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -130,23 +130,23 @@ HANGING_ENV = DIGITS_ENV.replace("    def examples(self, n, seed=0):\n", """    
 def test_a_rank_that_stops_answering_stops_the_others(tiny_model_dir, tmp_path):
     (tmp_path / "env_digits.py").write_text(HANGING_ENV)
     argv = ["rl.py", "--model", tiny_model_dir, "--env", "digits", "--batch", "8", "--group", "4", "--steps", "2",
-            "--max_new_tokens", "4", "--device", "cpu", "--out", str(tmp_path / "o"), "--dist_timeout", "5"]
+            "--max_new_tokens", "4", "--device", "cpu", "--out", str(tmp_path / "o")]
     t0 = time.time()
-    res = launch(argv, 2, str(tmp_path), timeout=120)
+    res = launch(argv, 2, str(tmp_path), timeout=120, dist_timeout=5)
     assert res.returncode != 0
-    assert "rank 0: another rank stopped, or did not reach the" in res.stderr and "--dist_timeout" in res.stderr
+    assert "rank 0: another rank stopped, or did not reach the" in res.stderr and "DIST_TIMEOUT (5 s)" in res.stderr
     assert time.time() - t0 < 90
 
 
 def test_the_batch_must_split_into_whole_groups_per_rank():
-    import rl
-    assert rl.my_share(8, 4, 1, 2) == (4, 8)
+    import ranks
+    assert ranks.my_share(8, 4, 1, 2) == (4, 8)
     with pytest.raises(SystemExit, match=r"make --batch a multiple of 2 x 4 = 8"):
-        rl.my_share(3, 4, 0, 2)
+        ranks.my_share(3, 4, 0, 2)
 
 
 def test_alone_there_is_no_process_group():
-    import common
-    assert common.start_ranks("cpu", 10) == (0, 1, "cpu")
+    import ranks
+    assert ranks.start_ranks("cpu", 10) == (0, 1, "cpu")
     assert not torch.distributed.is_initialized()
-    assert common.sum_over_ranks([1.5, 2]) == [1.5, 2] and common.gather_from_ranks("x") == ["x"] and common.from_rank0(3) == 3
+    assert ranks.sum_over_ranks([1.5, 2]) == [1.5, 2] and ranks.gather_from_ranks("x") == ["x"] and ranks.from_rank0(3) == 3

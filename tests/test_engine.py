@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import common  # noqa: E402
+import engine  # noqa: E402
 from engine import FastEngine  # noqa: E402
 from sample import HFPolicy, branch, new_episode, rollout  # noqa: E402
 from sft import CHATML  # noqa: E402
@@ -120,7 +121,7 @@ def test_decoding_by_matmul_is_decoding_by_sdpa(arch, short_env, temp):
 
 
 def test_compiled_update_gives_eager_gradients(arch, request):
-    """--compile on every architecture the engine serves: the update's forward and backward through the compiled
+    """The compiled update (engine.compile_layers) on every architecture the engine serves: the update's forward and backward through the compiled
     layers (inductor's decompositions and partitioner without its code generation, which would take minutes
     here), checkpointing on, give eager's logprobs and gradients. Qwen3.5's and Gemma 3's only with --runslow
     (45 s and 25 s of a 2-core CPU; Qwen3.5's linear attention is a chunked loop to trace): the compiled layer
@@ -131,7 +132,7 @@ def test_compiled_update_gives_eager_gradients(arch, request):
     if name in ("qwen3_5", "gemma3") and not request.config.getoption("--runslow"):
         pytest.skip(f"slow: {name}'s compiled update takes 25-45 s to compile on a CPU; run with --runslow")
     model = copy.deepcopy(model).train()
-    common.enable_grad_ckpt(model, "on", "cpu")
+    engine.enable_grad_ckpt(model, "on", "cpu")
     torch.manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (3, 24))
     mask = torch.ones_like(ids)
@@ -139,12 +140,12 @@ def test_compiled_update_gives_eager_gradients(arch, request):
 
     def forward_backward():
         model.zero_grad()
-        with common.compiled_layers(model):
+        with engine.compiled_layers(model):
             logp, _ = common.token_logprobs(model, ids, mask, 0.8)
             logp.sum().backward()
         return [logp.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
     eager = forward_backward()
-    common.compile_layers(model, "on", "cpu", backend=aot_eager_decomp_partition)
+    engine.compile_layers(model, "on", "cpu", backend=aot_eager_decomp_partition)
     for a, b in zip(eager, forward_backward(), strict=True):  # fp32, summed in another order: relative to the largest
         torch.testing.assert_close(a, b, atol=1e-5 * float(a.abs().max().clamp(min=1)), rtol=1e-4)
 

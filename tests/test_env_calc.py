@@ -21,7 +21,8 @@ if str(ROOT) not in sys.path:
 import common  # noqa: E402
 import env_calc as calc  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE  # noqa: E402
-from sample import ChatTokens, HFPolicy, ScriptedPolicy, rollout  # noqa: E402
+from policies import ScriptedPolicy  # noqa: E402
+from sample import ChatTokens, HFPolicy, rollout  # noqa: E402
 
 # Qwen3's own handling of the tool role: consecutive tool results share one user turn, each in <tool_response>
 QWEN3_WITH_TOOLS = QWEN3_STYLE_TEMPLATE.replace(

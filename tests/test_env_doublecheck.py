@@ -13,6 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import env_doublecheck as dc  # noqa: E402
+import policies  # noqa: E402
 import sample  # noqa: E402
 
 EX = {"seed": 7, "question": "What is 47 + 85?", "answer": 132}
@@ -31,7 +32,7 @@ def play(first, final, example=EX):
 
 def summary(name, n, seed=0):
     env = dc.load_environment()
-    recs = sample.rollout(env, env.examples(n, seed), sample.ScriptedPolicy(env, name), progress=False)
+    recs = sample.rollout(env, env.examples(n, seed), policies.ScriptedPolicy(env, name), progress=False)
     roles = ["system", "user", "assistant", "user", "assistant"]  # the question, a reply, the double-check, a reply
     assert len(recs) == n and all([m["role"] for m in r["messages"]] == roles for r in recs)
     assert all(r["messages"][3]["content"] == dc.DOUBLE_CHECK for r in recs)

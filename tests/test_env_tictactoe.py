@@ -1290,7 +1290,7 @@ def test_booleans_and_nan_are_not_numbers(env_args):
 def test_play_against_a_model_in_the_terminal(monkeypatch, capsys):
     """python env_tictactoe.py: the policy plays X, the person O through input(); a taken cell is asked again; the
     game ends with the final board and its result."""
-    import sample
+    import policies
     env = ttt.load_environment()
     asked = []
 
@@ -1298,7 +1298,7 @@ def test_play_against_a_model_in_the_terminal(monkeypatch, capsys):
         asked.append(prompt)
         return "x" if len(asked) == 1 else prompt.split("[")[1].split(",")[0].rstrip("]")
     monkeypatch.setattr("builtins.input", person)
-    ttt.play_human(sample.ScriptedPolicy(env, "minimax"), {"show_cells": True}, games=1)
+    ttt.play_human(policies.ScriptedPolicy(env, "minimax"), {"show_cells": True}, games=1)
     printed = capsys.readouterr().out
     assert "not a free cell, try again" in printed and "result: " in printed and "[model] <think>" in printed
     assert "You (X):" in printed  # the env_args reached the game

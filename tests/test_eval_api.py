@@ -1,4 +1,4 @@
-"""Tests for eval.py and sample.APIPolicy against a local fake OpenAI-compatible server.
+"""Tests for eval.py and policies.APIPolicy against a local fake OpenAI-compatible server.
 
 The server (http.server in a thread, 127.0.0.1, a free port) answers POST /v1/chat/completions with a valid
 chat.completion that plays tic-tac-toe legally (the lowest free cell named in the last user message). Faults
@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 import eval as eval_mod  # noqa: E402
 import common  # noqa: E402
 import sample  # noqa: E402
-from sample import APIPolicy, ScriptedPolicy  # noqa: E402
+from policies import APIPolicy, ScriptedPolicy  # noqa: E402
 
 KEY = "sk-test"
 SUMMARY_KEYS = {"n", "win_rate", "draw_rate", "loss_rate", "format_rate", "invalid_rate", "reward_mean"}

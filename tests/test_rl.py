@@ -23,11 +23,13 @@ def test_a_replay_replaces_its_example_but_its_seed():
     """--exploit: a replayed line takes the place of one of the step's examples, keeping only its seed, so nothing of a
     puzzle's start (its position, its turn limit) is left in the replay."""
     import env_tictactoe as ttt
-    from rl import step_examples
+    from rl import Exploiter
     env = ttt.load_environment(puzzles=1.0)
     replay = {"model_first": True, "replies": {}, "random_move_prob": 0.0}
     plain = env.examples(4, seed=0)
-    examples = step_examples(env, 4, 0, 0, [replay])
+    exploiter = Exploiter(env, 1, "/tmp/unused", 0, None, resume=False)
+    exploiter.replays = [replay]
+    examples = exploiter.replay(env.examples(4, seed=0), step=0)
     assert examples[0] == {"seed": plain[0]["seed"], **replay}
     assert examples[1:] == plain[1:] and all("position" in ex for ex in examples[1:])
 
@@ -127,7 +129,8 @@ def test_compiled_layers_give_the_eager_gradients_under_checkpointing(tiny_model
     """--compile: inside compiled_layers the decoder layers run compiled (here with the aot_eager backend: the same
     autograd plumbing as inductor, without its code generation), forward, checkpoint recomputation and backward;
     the logprobs and every gradient are those of the eager layers; outside, the layers are eager again."""
-    from common import compile_layers, compiled_layers, enable_grad_ckpt, load_model
+    from common import load_model
+    from engine import compile_layers, compiled_layers, enable_grad_ckpt
     compiles = []
 
     def counting_backend(gm, example_inputs):
@@ -290,7 +293,7 @@ def test_a_finished_exploit_run_extended_logs_its_last_certificate_once(tiny_mod
 
 
 def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_dir, tmp_path, monkeypatch):
-    """--exploit_stop: once a certificate finds no mistake to replay the run stops there, that certificate logged
+    """exploit_stop (the environment's): once a certificate finds no mistake to replay the run stops there, that certificate logged
     once, its weights the best and the final checkpoint's; --resume then has nothing to do."""
     import env_tictactoe as ttt
     real, calls = ttt.TicTacToe.exploit, []
@@ -301,9 +304,9 @@ def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_
         return (summary, (0, 0), []) if len(calls) == 3 else (summary, key, found)
     monkeypatch.setattr(ttt.TicTacToe, "exploit", perfect_at_the_third)
     out = str(tmp_path / "stop")
-    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3}', "--exploit", "1", "--exploit_stop"]
+    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3, "exploit_stop": true}', "--exploit", "1"]
     said = run_rl(tiny_model_dir, out, 4, extra, env_dir=str(tmp_path))
-    assert "--exploit_stop: the certificate at step 2 finds no mistake: stopping" in said
+    assert "exploit_stop: the verdict at step 2 finds nothing to replay: stopping" in said
     assert [r["step"] for r in train_lines(out)] == [1, 2]
     certified = lambda: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "certify_lines" in line]
     assert certified() == [0, 1, 2]
@@ -312,10 +315,10 @@ def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_
     assert json.load(open(out + "_best/certificate.json"))["step"] == 2
     rows = open(os.path.join(out, "metrics.jsonl")).read()
     said = run_rl(tiny_model_dir, out, 4, extra + ["--resume"], env_dir=str(tmp_path))
-    assert "its certificate finds no mistake): nothing to do" in said
+    assert "holds the final checkpoint (step 2, --steps 4): nothing to do" in said
     assert open(os.path.join(out, "metrics.jsonl")).read() == rows and len(calls) == 3
-    with pytest.raises(SystemExit, match="give --exploit too"):
-        run_rl(tiny_model_dir, str(tmp_path / "no"), 1, ["--exploit_stop"], env_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match="give --exploit N too"):
+        run_rl(tiny_model_dir, str(tmp_path / "no"), 1, ["--env", "tictactoe", "--env_args", '{"exploit_stop": true}'], env_dir=str(tmp_path))
 
 
 def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_path, monkeypatch):
@@ -386,22 +389,22 @@ def test_out_of_memory_says_what_to_lower(tiny_model_dir, tmp_path, monkeypatch,
 def test_a_failed_compilation_says_to_turn_it_off(tiny_model_dir, tmp_path, monkeypatch):
     """The update runs the decoder layers compiled (rl.update enters compiled_layers itself), and a compiler that
     fails on them stops rl.py with what to change."""
-    import common
+    import engine
     import rl
 
     def compiler_failing_on_layers(gm, example_inputs):
         if "self_attn" in gm.code:  # a decoder layer's graph (the LM head's compiles)
             raise RuntimeError("no C++ compiler found")
         return gm.forward
-    monkeypatch.setattr(rl, "compile_layers", lambda model, setting, device: common.compile_layers(
-        model, setting, device, backend=compiler_failing_on_layers))
+    monkeypatch.setattr(rl, "compile_layers", lambda model, setting, device: engine.compile_layers(
+        model, "on", device, backend=compiler_failing_on_layers))
     # the same layer code compiled by an earlier test in this process must not stand in for this compiler
     torch._dynamo.reset()
     # every episode has an advantage, whatever the rewards of a random model: the update runs its forwards
     monkeypatch.setattr(rl, "group_advantages", lambda rewards, *a: torch.tensor([(-1.0) ** i for i in range(len(rewards))]))
-    with pytest.raises(SystemExit, match="torch.compile failed on the update's layers: run with --compile off"):
+    with pytest.raises(SystemExit, match="torch.compile failed on the update's layers: run with TORCH_COMPILE_DISABLE=1"):
         run_main("rl", ["--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "1", "--max_new_tokens", "4",
-                        "--eval_every", "0", "--device", "cpu", "--compile", "on", "--out", str(tmp_path / "rl")])
+                        "--eval_every", "0", "--device", "cpu", "--out", str(tmp_path / "rl")])
 
 
 def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):
@@ -519,19 +522,20 @@ def test_grad_ckpt_and_compile_auto_are_on_for_big_models_on_a_gpu(tiny_model_di
     GRAD_CKPT_AUTO_PARAMS parameters (a 0.6B model's update does not fit 80 GB without it). --compile auto: the
     same."""
     import common
+    import engine
     import rl
     assert rl.parse_args([]).grad_ckpt == "auto" and rl.parse_args(["--grad_ckpt"]).grad_ckpt == "on"
     assert rl.parse_args(["--grad_ckpt", "off"]).grad_ckpt == "off"
     model, _ = common.load_model(tiny_model_dir, device="cpu")
     n = sum(p.numel() for p in model.parameters())
     checkpointing = lambda: model.get_decoder().gradient_checkpointing
-    assert not common.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()
-    assert not common.enable_grad_ckpt(model, "auto", "cuda") and not checkpointing()  # small: off
-    monkeypatch.setattr(common, "GRAD_CKPT_AUTO_PARAMS", n)
-    assert not common.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()  # big, but a CPU
-    assert not common.enable_grad_ckpt(model, "off", "cuda:0") and not checkpointing()
-    assert common.enable_grad_ckpt(model, "auto", "cuda:0") and checkpointing()
-    assert not common.compile_layers(model, "auto", "cpu") and common.compile_layers(model, "auto", "cuda:0")
+    assert not engine.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()
+    assert not engine.enable_grad_ckpt(model, "auto", "cuda") and not checkpointing()  # small: off
+    monkeypatch.setattr(engine, "GRAD_CKPT_AUTO_PARAMS", n)
+    assert not engine.enable_grad_ckpt(model, "auto", "cpu") and not checkpointing()  # big, but a CPU
+    assert not engine.enable_grad_ckpt(model, "off", "cuda:0") and not checkpointing()
+    assert engine.enable_grad_ckpt(model, "auto", "cuda:0") and checkpointing()
+    assert not engine.compile_layers(model, "auto", "cpu") and engine.compile_layers(model, "auto", "cuda:0")
     (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
-    monkeypatch.setattr(common, "GRAD_CKPT_AUTO_PARAMS", n + 1)
-    assert common.enable_grad_ckpt(model, "on", "cpu") and checkpointing()
+    monkeypatch.setattr(engine, "GRAD_CKPT_AUTO_PARAMS", n + 1)
+    assert engine.enable_grad_ckpt(model, "on", "cpu") and checkpointing()

@@ -24,7 +24,9 @@ import common  # noqa: E402
 import engine  # noqa: E402
 import sample  # noqa: E402
 from conftest import run_main  # noqa: E402
-from sample import ChatTokens, HFPolicy, ScriptedPolicy, advance, new_episode, rollout  # noqa: E402
+import policies  # noqa: E402
+from policies import ScriptedPolicy  # noqa: E402
+from sample import ChatTokens, HFPolicy, advance, new_episode, rollout  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -584,12 +586,12 @@ def test_weights_dtype_keeps_trained_weights_fp32():
 
 
 def test_make_policy_kinds(tiny_model_dir, ttt_env):
-    assert isinstance(sample.make_policy("minimax", ttt_env), ScriptedPolicy)
-    assert isinstance(sample.make_policy("random", ttt_env), ScriptedPolicy)
-    p = sample.make_policy(tiny_model_dir, ttt_env, device="cpu", temp=0.5, max_new_tokens=7)
+    assert isinstance(policies.make_policy("minimax", ttt_env), ScriptedPolicy)
+    assert isinstance(policies.make_policy("random", ttt_env), ScriptedPolicy)
+    p = policies.make_policy(tiny_model_dir, ttt_env, device="cpu", temp=0.5, max_new_tokens=7)
     assert isinstance(p, HFPolicy) and p.temp == 0.5 and p.max_new_tokens == 7
-    api = sample.make_policy("some-model", ttt_env, api_base="http://127.0.0.1:9/v1")
-    assert isinstance(api, sample.APIPolicy) and api.model == "some-model"
+    api = policies.make_policy("some-model", ttt_env, api_base="http://127.0.0.1:9/v1")
+    assert isinstance(api, policies.APIPolicy) and api.model == "some-model"
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -603,18 +605,18 @@ def _run(args, timeout=120):
 BOARD_ROW = re.compile(r"^\s*[0-9XO]\|[0-9XO]\|[0-9XO]$", re.M)
 
 
-def test_cli_sample_hf_model(tiny_model_dir, tmp_path):
-    out = tmp_path / "recs.jsonl"
-    printed = run_main("sample", ["--model", tiny_model_dir, "--env", "tictactoe", "-n", "2", "--max_new_tokens", "8",
-                                  "--device", "cpu", "--out", str(out)])
+def test_watch_an_hf_model_play(tiny_model_dir, tmp_path):
+    """Watching a model play is eval.py with its games shown (--show), their records in --out."""
+    printed = run_main("eval", ["--model", tiny_model_dir, "--env", "tictactoe", "-n", "2", "--show", "2", "--max_new_tokens", "8",
+                                "--temp", "1", "--device", "cpu", "--out", str(tmp_path / "e")])
     assert "=== example 0 rollout 0" in printed and "=== example 1 rollout 0" in printed
     assert len(BOARD_ROW.findall(printed)) >= 6
-    lines = out.read_text().splitlines()
+    lines = (tmp_path / "e" / "rollouts.jsonl").read_text().splitlines()
     assert len(lines) == 2 and all(len(json.loads(l)["ids"]) > 0 for l in lines)
 
 
-def test_cli_sample_scripted():
-    p = _run(["sample.py", "--model", "minimax", "-n", "1"])
+def test_watch_a_scripted_player():
+    p = _run(["eval.py", "--model", "minimax", "-n", "1", "--show", "1"])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "=== example 0 rollout 0" in p.stdout and "[model] <think>" in p.stdout
     assert len(BOARD_ROW.findall(p.stdout)) >= 3

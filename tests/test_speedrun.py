@@ -1,7 +1,10 @@
-"""A shortened speedrun (QUICK=1): the whole pipeline scratch -> SFT -> RL -> eval + certificate -> report."""
+"""The shortened speedruns (QUICK=1): the whole pipeline scratch -> SFT -> RL -> eval + certificate -> report, of
+speedrun.sh (the minimax teacher) and speedrun_random_teacher.sh (a random teacher, its puzzle stages); and the scripts
+themselves: short, straight-line shell, no inline Python."""
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,9 +14,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# the flagship recipe, and the random teacher's puzzle recipe (`rules` and `rules_then` share its branch of
-# speedrun.sh; their scripted players are tested in test_env_tictactoe)
+# the flagship recipe (speedrun.sh), and the random teacher's puzzle recipe (speedrun_random_teacher.sh; `rules` and
+# `rules_then` share its script; their scripted players are tested in test_env_tictactoe)
 TEACHERS = ["minimax", "rules_wins"]
+SCRIPT = {"minimax": "speedrun.sh", "rules_wins": "speedrun_random_teacher.sh"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,7 @@ def speedruns(tmp_path_factory):
                # it runs its 2 quick steps, then is resumed to the quick maximum, 4
                "PUZZLE_UNTIL": "0.99" if teacher == "rules_wins" else "0"}
         # a session of its own, so that a run past its time is stopped with its python children, which hold the pipe
-        started[teacher] = out, rl_flags, subprocess.Popen(["bash", "speedrun.sh"], cwd=ROOT, stdout=subprocess.PIPE,
+        started[teacher] = out, rl_flags, subprocess.Popen(["bash", SCRIPT[teacher]], cwd=ROOT, stdout=subprocess.PIPE,
                                                            stderr=subprocess.STDOUT, text=True, env=env,
                                                            start_new_session=True)
     finished = {}
@@ -102,7 +106,7 @@ def test_quick_speedrun(speedruns, teacher):
         assert not os.path.exists(os.path.join(out, "rl_best"))
         polish = json.load(open(os.path.join(out, "rl_polish", "rl_args.json")))
         assert polish["model"] == os.path.join(out, "rl") and polish["exploit"] == 5 and polish["steps"] == 2
-        assert json.loads(polish["env_args"])["replay_explore"] == "rules_wins"
+        assert json.loads(polish["env_args"])["replay_explore"] == "rules_wins" and json.loads(polish["env_args"])["exploit_stop"] is True
         assert "the third stage's best certificate: " in output
         wins = json.load(open(os.path.join(out, "rl_wins", "rl_args.json")))
         assert wins["model"] == os.path.join(out, "rl_polish_best") and wins["exploit"] == 5 and wins["steps"] == 2
@@ -119,18 +123,54 @@ def test_quick_speedrun(speedruns, teacher):
     assert results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
     # a resumed run's report (speedrun.sh RESUME=1 passes --resumed) says its times leave out the earlier invocations
     assert "Wall time: SFT " in report and results["times_s"]["resumed"] is False
-    subprocess.run([sys.executable, "eval.py", "--report", out, "--times", "1", "2", "3", "--resumed"], cwd=ROOT, check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "env_tictactoe.py", "--report", out, "--times", "1", "2", "3", "--resumed"], cwd=ROOT,
+                   check=True, capture_output=True)
     assert "Wall time of this resumed invocation alone (RESUME=1; earlier ones not counted): SFT 1s" in open(os.path.join(out, "report.md")).read()
     assert json.load(open(os.path.join(out, "results.json")))["times_s"] == {"sft": 1, "rl": 2, "total": 3, "resumed": True}
 
 
-@pytest.mark.parametrize("setting, value, says", [("TEACHER", "random", "use minimax, rules, rules_wins or rules_then"),
-                                                  ("SHOW_WINS", "yes", "use true or false"),
-                                                  # the default teacher has no puzzles and no third stage is asked for
-                                                  ("WINS_STEPS", "2", "the fourth stage needs a third (POLISH_STEPS > 0)")])
-def test_a_bad_setting_stops_the_speedrun_before_any_stage(tmp_path, setting, value, says):
+@pytest.mark.parametrize("script, setting, value, says", [
+    ("speedrun.sh", "TEACHER", "rules_wins", "speedrun.sh runs the minimax teacher; use speedrun_random_teacher.sh"),
+    ("speedrun_random_teacher.sh", "TEACHER", "minimax", "use rules, rules_wins or rules_then (the minimax teacher: speedrun.sh)"),
+    ("speedrun_random_teacher.sh", "SHOW_WINS", "yes", "use true or false"),
+    # TEACHER=rules has no puzzles and no third stage is asked for
+    ("speedrun_random_teacher.sh", "WINS_STEPS", "2", "the fourth stage needs a third (POLISH_STEPS > 0)")])
+def test_a_bad_setting_stops_the_speedrun_before_any_stage(tmp_path, script, setting, value, says):
     out = tmp_path / "run"
-    env = {**os.environ, "QUICK": "1", "OUT": str(out), setting: value}
-    proc = subprocess.run(["bash", "speedrun.sh"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
+    env = {**os.environ, "QUICK": "1", "OUT": str(out), "TEACHER": "rules", setting: value}
+    if script == "speedrun.sh" and setting != "TEACHER":
+        del env["TEACHER"]
+    proc = subprocess.run(["bash", script], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and f"{setting}={value}: {says}" in proc.stderr and not out.exists()
+    assert len(proc.stderr.strip().splitlines()) == 1  # one clear line
+
+
+@pytest.mark.parametrize("script", ["speedrun.sh", "speedrun_random_teacher.sh"])
+def test_the_speedrun_scripts_are_short_straight_shell(script):
+    """speedrun.sh reads like a recipe: at most 100 lines; neither script hides Python in the shell (`python -c`, a
+    heredoc fed to python) or edits JSON by pattern substitution: every command it runs is a script of the project."""
+    text = open(os.path.join(ROOT, script)).read()
+    if script == "speedrun.sh":
+        assert len(text.splitlines()) <= 100
+    code = [line.split("#")[0] for line in text.splitlines()]  # the commands, the comments left out
+    assert not any(re.search(r"python3?\s+-c\b|python3?\s+-\s*<<|python3?\s+<<", line) for line in code)
+    assert not any("<<" in line for line in code)  # no heredoc at all
+    assert not any(re.search(r"\$\{\w+(%|/)", line) for line in code)  # no ${VAR%...} / ${VAR/.../...} on the JSON
+    ran = {m.group(1) for line in code for m in re.finditer(r"\bpython3?\s+(\S+)", line)}
+    assert ran and all(os.path.exists(os.path.join(ROOT, f)) for f in ran), ran
+
+
+def test_the_random_teacher_checks_answer_by_exit_status(tmp_path):
+    """env_tictactoe.py --puzzle_learnt METRICS UNTIL (exit 0: the solver reward's mean over the last 10 steps is at
+    least UNTIL) and --lost_lines CERT (exit 0: the certificate loses a line), each saying what it found."""
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "certify_lines_lost": 3}] + [{"step": s, "reward_optimal": 0.1 if s <= 5 else 0.9} for s in range(1, 16)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    check = lambda *flags: subprocess.run([sys.executable, "env_tictactoe.py", *flags], cwd=ROOT, capture_output=True, text=True)
+    learnt, not_learnt = check("--puzzle_learnt", str(metrics), "0.9"), check("--puzzle_learnt", str(metrics), "0.95")
+    assert learnt.returncode == 0 and not_learnt.returncode == 1  # steps 6-15: 0.9 each
+    assert "the block stage at step 15: solver reward 0.900 over its last 10 steps (until 0.9)" in learnt.stdout
+    for lost, status in ((3, 0), (0, 1)):
+        (tmp_path / "certificate.json").write_text(json.dumps({"lines_lost": lost, "mistake_positions": []}))
+        proc = check("--lost_lines", str(tmp_path / "certificate.json"))
+        assert proc.returncode == status and f"the third stage's best certificate: {lost} lost lines" in proc.stdout

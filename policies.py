@@ -1,0 +1,191 @@
+"""
+The policies besides a local Hugging Face model, and the flags that pick one: a policy maps a batch of unfinished
+episodes to one reply each (sample.rollout plays them).
+
+  APIPolicy      an OpenAI-compatible endpoint: concurrent requests, retries with backoff, a seed per request.
+  ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax; calc: oracle).
+  make_policy    a --model string to a policy: a scripted player's name, an API model (with --api_base), or
+                 an HF model (sample.HFPolicy).
+eval.py and sft.py's teachers use them; rl.py trains sample.HFPolicy alone.
+"""
+import concurrent.futures
+import json
+import os
+import random
+import threading
+import time
+
+from common import TRAIN_FLAG_RULES, at_least, load_model, non_negative
+from sample import HFPolicy
+
+# ----------------------------------------------------------------------------- an OpenAI-compatible server
+
+
+class APIError(RuntimeError):
+    """The server refused a request, or stayed unreachable through every retry; the message says what to change."""
+
+
+class APIPolicy:
+    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env.
+
+    Games through a server send text, not tokens: the server re-tokenizes the conversation every turn, so a reply
+    whose sampled tokens are not the tokenizer's own encoding of its text is seen differently on the next turn.
+    Servers with a reasoning parser return the <think> block in a separate field and strip it from the content;
+    the reply is rebuilt as the model wrote it, so it is scored, shown and sent back with its reasoning."""
+    RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+    REASONING_FIELDS = ("reasoning_content", "reasoning")  # transformers serve and vLLM; some hosted APIs
+
+    def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024, concurrency=16,
+                 top_p=1.0, seed=0, send_seed=True, retries=6, timeout=120.0, backoff=1.0):
+        import openai
+        self.openai, self.model, self.temp, self.top_p, self.max_new_tokens = openai, model, temp, top_p, max_new_tokens
+        self.client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env) or "EMPTY",
+                                    max_retries=0, timeout=timeout)
+        self.api_base, self.concurrency, self.retries, self.backoff = api_base, concurrency, retries, backoff
+        self.seed, self.send_seed = seed, send_seed
+        self.gen_tokens, self.lock = 0, threading.Lock()
+
+    def __call__(self, episodes):
+        with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda ep: self._one(ep["messages"], self._request_seed(ep)) if ep.get("force") is None
+                                 else ep["force"], episodes))
+
+    def _request_seed(self, ep):
+        """A function of the run's seed, the episode and its turn: a rerun sends the same requests, whatever the order
+        in which the server answers them."""
+        turn = sum(m["role"] == "assistant" for m in ep["messages"])
+        return random.Random(f"{self.seed}/{ep['index']}/{ep['rollout']}/{turn}").randrange(2**31)
+
+    def _one(self, messages, seed):
+        # a tool's result goes as a user message: an API's tool role needs the id of a structured tool call, and
+        # the tool calls here are text in the reply
+        sent = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
+        sampling = {"temperature": self.temp, "max_tokens": self.max_new_tokens}
+        if self.top_p < 1.0:  # not sent at 1.0: some servers refuse top_p for some models
+            sampling["top_p"] = self.top_p
+        if self.send_seed:
+            sampling["seed"] = seed
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self.client.chat.completions.create(model=self.model, messages=sent, **sampling)
+                with self.lock:
+                    self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
+                return self._as_written(resp.choices[0].message)
+            except (self.openai.APITimeoutError, self.openai.APIConnectionError, self.openai.APIStatusError) as e:
+                status = getattr(e, "status_code", None)
+                if status is not None and status not in self.RETRYABLE_STATUS:
+                    reason = server_reason(e)
+                    raise APIError(f"API error {status} from {self.api_base} for model {self.model!r}: "
+                                   f"{reason}. {self._what_to_change(reason, status)}") from e
+                if attempt == self.retries:
+                    raise APIError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
+                                   f"({type(e).__name__}: {server_reason(e)}). Is the server up? Retry later; "
+                                   "finished rollouts are kept (eval.py --resume continues).") from e
+                time.sleep(min(self.backoff * 2 ** attempt, 30.0) * (0.5 + random.random()))
+
+    def _as_written(self, message):
+        """The reply as the model wrote it: a server's reasoning parser moves <think> to its own field, and a
+        tool-call parser moves <tool_call> blocks to tool_calls (rebuilt in the Hermes/Qwen3 format)."""
+        reasoning = next((r for r in (getattr(message, f, None) for f in self.REASONING_FIELDS) if r), None)
+        calls = "".join(f'<tool_call>{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments}}}</tool_call>'
+                        for c in (getattr(message, "tool_calls", None) or []))
+        return (f"<think>{reasoning}</think>" if reasoning else "") + (message.content or "") + calls
+
+    def _what_to_change(self, reason, status):
+        reason = reason.lower()
+        if "seed" in reason and self.send_seed:
+            return "The server refuses the `seed` parameter: rerun with --no_api_seed (its games are then not reproducible)."
+        if "top_p" in reason and self.top_p < 1.0:
+            return "The server refuses the `top_p` parameter: rerun with --top_p 1 (it is then not sent)."
+        if status in (401, 403):
+            return "Check the key in the environment variable that --api_key_env names."
+        return (f"--model must be the name the server serves (GET {self.api_base.rstrip('/')}/models lists them); "
+                "check --api_base and the key in --api_key_env.")
+
+
+def server_reason(e):
+    """The server's own explanation of an error, on one line: the body's message or detail, else the exception's text."""
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        body = body.get("error", body)
+        if isinstance(body, dict):
+            body = body.get("message") or body.get("detail") or json.dumps(body)
+    text = body if isinstance(body, str) and body else str(e)
+    return " ".join(text.split())[:400].rstrip(".")
+
+
+# ----------------------------------------------------------------------------- the environment's scripted players
+
+
+def has_scripted_player(env, name):
+    try:
+        env.scripted_player(name)
+        return True
+    except (ValueError, AttributeError):
+        return False
+
+
+class ScriptedPolicy:
+    def __init__(self, env, name, random_move_prob=0.0):
+        try:
+            self.player = env.scripted_player(name, random_move_prob)
+        except ValueError as e:  # a player this environment does not have
+            raise SystemExit(str(e)) from None
+        self.gen_tokens = 0
+
+    def __call__(self, episodes):
+        return [self.player(ep["state"]) if ep.get("force") is None else ep["force"] for ep in episodes]
+
+
+def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
+                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True,
+                engine="auto"):
+    """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
+    if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
+        return ScriptedPolicy(env, model, random_move_prob)
+    if api_base:
+        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
+    lm, tokenizer = load_model(model, device)
+    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine)
+
+
+# ----------------------------------------------------------------------------- a policy from the command line
+
+
+def add_policy_args(p):
+    """Flags shared by the scripts that play episodes with any policy (eval.py, env_tictactoe.py)."""
+    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with --api_base, or a scripted player (random, minimax)")
+    p.add_argument("--env", default="tictactoe", help="environment NAME: imports env_NAME.py")
+    p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
+    p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
+    p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
+    p.add_argument("--batch_size", type=int, default=256, help="max episodes per rollout batch (bounds the KV cache's memory)")
+    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto", help="HF models: the rollout engine, hf "
+                   "(generate(), the reference) or fast (engine.py); auto: fast wherever it holds the model's layers")
+    p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL; --model is then the served model name")
+    p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="name of the environment variable holding the API key")
+    p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
+    p.add_argument("--no_api_seed", action="store_true", help="API models: send no per-request seed (for a server that "
+                   "refuses one; its sampled games are then not reproducible)")
+    p.add_argument("--random_move_prob", type=float, default=0.0, help="--model minimax only: its own random-move probability")
+    return p
+
+
+POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value must be), checked by check_flags
+    "temp": (non_negative, "a finite number >= 0 (0: greedy)"),
+    "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
+    "max_new_tokens": (at_least(1), ">= 1"),
+    "batch_size": (at_least(1), ">= 1"),
+    "concurrency": (at_least(1), ">= 1"),
+    "random_move_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "device": TRAIN_FLAG_RULES["device"],
+}
+
+
+def policy_from_args(args, env, temp=None):
+    return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
+                       args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob,
+                       args.seed, not args.no_api_seed, args.engine)
