@@ -180,13 +180,10 @@ def token_microbatches(lengths, budget):
 
 
 def decoder_hidden(model, ids):
-    """Last hidden states (B, T, H) of right-padded rows (no attention mask needed: padding comes last).
-
-    Rows of a batch all start with the same tokens (system prompt, chat header, often the first user turn):
-    that common prefix runs once, for one row, and its keys/values are broadcast to every row as the cache the
-    rest attends to. Same result as the full forward, (B-1)/B of the prefix's cost saved, gradients flow into
-    the shared part. Falls back to the full forward for caches that cannot be broadcast (sliding windows,
-    recurrent layers) and under gradient checkpointing (which turns the cache off)."""
+    """Last hidden states (B, T, H) of right-padded rows (no attention mask needed: padding comes last). The rows'
+    common prefix (system prompt, chat header, often the first user turn) runs once, its keys/values broadcast to
+    every row as the cache the rest attends to: the full forward's result, (B-1)/B of the prefix's cost saved. The full
+    forward where the cache cannot be broadcast (sliding windows, recurrent layers) or is off (checkpointing)."""
     from transformers import DynamicCache
     decoder = model.get_decoder()
     B, T = ids.shape
@@ -212,9 +209,7 @@ def head_logprobs(head, h, targets, temp):
 
 
 def token_logprobs(model, ids, mask, temp, chunk=2048):
-    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp).
-
-    ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
+    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp); ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
     under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
     hidden = decoder_hidden(model, ids)  # (B, T, H)
     sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
@@ -242,6 +237,7 @@ def out_of_memory_says(what_to_lower):
 
 GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # --grad_ckpt auto (and compiling the update) from this many parameters, on a GPU
 GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
+
 
 def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_every):
     """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
@@ -274,14 +270,10 @@ def at_least(n):
     return lambda x: x >= n
 
 
-def can_write(path, directory=True):
-    """True when PATH can be created or written: a directory (directory=True) or a file, judged by writing a probe
-    file into the nearest directory that already exists along the path (the permission bits say nothing for root
-    or for a read-only mount)."""
-    path = os.path.abspath(path)
-    if os.path.exists(path) and os.path.isdir(path) != directory:
-        return False
-    probe = path if directory else os.path.dirname(path)
+def can_write(path):
+    """True when directory PATH can be created or written, judged by writing a probe file into the nearest directory
+    that exists along the path (the permission bits say nothing for root or for a read-only mount)."""
+    probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
@@ -426,20 +418,15 @@ def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
     finish_save(out)
 
 
-def _kept_beside_weights(name):
-    """Logs and data that live in a run directory beside its weights and move along with each new checkpoint."""
-    return name.endswith(".jsonl") or name.endswith(".png") or name.startswith("eval")
-
-
 def finish_save(out):
     """Bring OUT to the newest complete checkpoint, whatever moment a crash interrupted save_checkpoint at: a
     complete OUT.tmp takes OUT's logs and data and replaces it (OUT -> OUT.old, OUT.tmp -> OUT, OUT.old removed);
     an incomplete one is removed; an OUT.old left without an OUT is put back. Every step can be redone."""
     tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
 
-    def take_logs(src):  # the run's logs and data move into the new checkpoint, where it lacks them
+    def take_logs(src):  # the run's logs and data (*.jsonl, *.png, eval*) move into the new checkpoint, where it lacks them
         for name in os.listdir(src):
-            if _kept_beside_weights(name) and not os.path.exists(os.path.join(tmp, name)):
+            if (name.endswith((".jsonl", ".png")) or name.startswith("eval")) and not os.path.exists(os.path.join(tmp, name)):
                 shutil.move(os.path.join(src, name), os.path.join(tmp, name))
     if os.path.exists(os.path.join(tmp, "trainer_state.pt")):
         if os.path.isdir(out):

@@ -2,14 +2,10 @@
 The fast rollout engine: a KV cache row per episode for the whole game, each turn's decoding one CUDA graph; and, at
 the end, what makes the update fast on a GPU (gradient checkpointing, the decoder layers compiled).
 
-sample.HFPolicy runs its turns on one of two engines with the same interface, turn(policy, episodes) -> each
-episode's sampled tokens and logprobs: sample.GenerateEngine (Hugging Face generate(), the reference) and this one
-(--engine fast; auto picks it for the layer kinds it holds). Both sample through the policy (policy.sample_replies:
-the same seeded draws), so their greedy tokens are the same and their logprobs agree to float rounding
-(tests/test_engine.py).
-
-Why not generate(): it takes one cache per call with the rows left-padded to a common length, so each turn re-encodes
-the whole conversation, and it pays its per-token Python and launch overhead at every step. Here a rollout batch
+sample.HFPolicy's turns run on sample.GenerateEngine (generate(), the reference) or this one (--engine fast; auto
+picks it where it holds the layers), both through the policy's seeded draws: the same greedy tokens, logprobs equal to
+float rounding (tests/test_engine.py). generate() takes one cache per call with the rows left-padded, so each turn
+re-encodes the whole conversation, and it pays its Python and launch overhead at every token. Here a rollout batch
 keeps ONE preallocated KV cache (RowCache) in which each episode has its own row for the whole game (a prompt shared
 by a group's rollouts is encoded once, its row copied for each). A turn writes only each row's new tokens at that
 row's end (the environment's message) and decodes from there; finished episodes leave at turn boundaries. A decoding

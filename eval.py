@@ -6,12 +6,10 @@ Evaluate a model (local, API or scripted) on an environment; --certify proves a 
     python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 --opponent optimal -n 100 --out out/api
     python eval.py --model out/rl --certify --out out/cert_rl                              # every opponent line
     python eval.py --model out/rl --opponent optimal random --certify --out out/eval_rl    # all three, one model load
-    python eval.py --model out/sft --env reverse -n 5 -r 3
+    python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5                        # watch a model play
 
-Writes DIR/rollouts.jsonl as episodes finish (an interrupted run keeps them; --resume skips them) and
-DIR/summary.json. Summary keys: n, reward_mean, reward_se, from the environment's per-episode metrics
-`<name>_rate` (indicators and fractions; tic-tac-toe: win, draw, loss, format, invalid, cut_off) and `mean_<name>`
-(counts named n_<name>), reward_<component>, plus wall_s, episodes_per_s, gen_tokens_per_s.
+Writes DIR/rollouts.jsonl as episodes finish (--resume skips them) and DIR/summary.json: n, reward_mean, reward_se,
+`<name>_rate` and `mean_<name>` of the environment's metrics (`n_<name>` counts), reward_<component>, timings.
 """
 import argparse
 import json
@@ -135,12 +133,11 @@ def stages_on_one_axis(stages):
 def plot_curves(stages, png, certify_panels=None):
     """Training curves as a PNG, when matplotlib is installed (no run needs it); returns whether drawn. stages:
     [(name, metrics.jsonl of an rl.py run)], drawn one after another on one step axis, each from its step 0 (rl.py:
-    its own run; the speedrun's report, env_tictactoe.py --report: its RL stages, their starts dotted and named).
-    Panels: the training episodes' reward and each of its components, the entropy, reply length and gradient norm;
-    the greedy evaluations' mean reward per setting; and --exploit's certificates (the rows' `certify_<key>`):
-    certify_panels [(title, keys)], the environment's choice, or else every numeric key, the counts in one panel and
-    the rates (`*_rate`) in another. A panel of counts alone has a symlog axis (a count falling from hundreds to 0
-    shows both)."""
+    its own run; the speedrun's report: its RL stages, their starts dotted and named). Panels: the training episodes'
+    reward and each of its components, the entropy, reply length and gradient norm; the greedy evaluations' mean
+    reward per setting; --exploit's verdicts (the rows' `certify_<key>`): certify_panels [(title, keys)], the
+    environment's choice, else one panel of every numeric key. A panel of counts has a symlog axis (a count falling
+    from hundreds to 0 shows both)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -148,50 +145,30 @@ def plot_curves(stages, png, certify_panels=None):
     except ImportError:
         return False
     rows, starts = stages_on_one_axis(stages)
-    train = [r for r in rows if "reward" in r]
-    evals = [r for r in rows if any(k.startswith("eval_") for k in r)]
-    cert = [(r["step"], {k[8:]: v for k, v in r.items() if k.startswith("certify_") and k != "certify_s"}) for r in rows]
-    cert = [(step, c) for step, c in cert if c]
-    found = [k for k in dict.fromkeys(k for r in train for k in r) if k.startswith("reward_")]
-    keys = ["reward"] * bool(train) + found + [k for k in ("entropy", "reply_len", "grad_norm") if any(k in r for r in train)]
-    if certify_panels is None:  # every numeric key of the certificates: their counts, then their rates
-        numeric = [k for k in dict.fromkeys(k for _, c in cert for k in c) if all(isinstance(c.get(k, 0), (int, float)) for _, c in cert)]
-        certify_panels = [("certificate (greedy): counts", [k for k in numeric if not k.endswith("_rate")]),
-                          ("certificate (greedy): rates", [k for k in numeric if k.endswith("_rate")])]
-    certify_panels = [(title, panel) for title, panel in certify_panels if panel] if cert else []
-    n_panels = len(keys) + 1 + len(certify_panels)
-    n_rows = (n_panels + 3) // 4
+    keys = lambda prefix, suffix="": list(dict.fromkeys(k for r in rows for k in r if k.startswith(prefix) and k.endswith(suffix)))
+    train = ["reward"] + keys("reward_") + ["entropy", "reply_len", "grad_norm"]
+    verdicts = [k[8:] for k in keys("certify_") if k != "certify_s" and all(isinstance(r.get(k, 0), (int, float)) for r in rows)]
+    panels = [(k, [k]) for k in train if any(k in r for r in rows)] + [("greedy evaluation: mean reward", keys("eval_", "_reward_mean"))]
+    panels += [(title, [f"certify_{k}" for k in ks]) for title, ks in (certify_panels or [("exploit's verdicts", verdicts)])] if verdicts else []
+    n_rows = (len(panels) + 3) // 4
     fig, axes = plt.subplots(n_rows, 4, figsize=(16, 3 * n_rows), squeeze=False)
     axes = axes.flatten()
-    for ax, k in zip(axes, keys):
-        pts = [(r["step"], r[k]) for r in train if k in r]
-        ax.plot(*zip(*pts), linewidth=0.8)
-        ax.set_title(k)
-    ax = axes[len(keys)]
-    for k in sorted({k for r in evals for k in r if k.startswith("eval_") and k.endswith("_reward_mean")}):
-        ax.plot(*zip(*[(r["step"], r[k]) for r in evals if k in r]), marker="o", label=k[5:])
-    ax.set_title("greedy evaluation: mean reward")
-    if ax.lines:
-        ax.legend(fontsize=7)
-    for ax, (title, panel) in zip(axes[len(keys) + 1:], certify_panels):
-        counts = True
+    for ax, (title, panel) in zip(axes, panels):
         for k in panel:
-            pts = [(step, c[k]) for step, c in cert if k in c]
+            pts = [(r["step"], r[k]) for r in rows if k in r]
             if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=k)
-                counts = counts and all(isinstance(v, int) for _, v in pts)
+                ax.plot(*zip(*pts), **({"linewidth": 0.8} if len(panel) == 1 else {"marker": "o", "markersize": 3, "label": k.split("_", 1)[1]}))
         ax.set_title(title, fontsize=9)
-        if ax.lines:
+        if len(panel) > 1 and ax.lines:
             ax.legend(fontsize=7)
-            if counts:
-                ax.set_yscale("symlog", linthresh=1)
-    for ax in axes[:n_panels]:
+        if panel and panel[0].startswith("certify_") and all(isinstance(r[k], int) for k in panel for r in rows if k in r):
+            ax.set_yscale("symlog", linthresh=1)
         ax.set_xlabel("step")
         for x, _ in starts[1:]:
             ax.axvline(x, color="grey", linewidth=0.6, linestyle=":")
     if len(starts) > 1:
         fig.suptitle("stages (dotted lines), from step: " + ", ".join(f"{name} {x}" for x, name in starts), fontsize=10)
-    for ax in axes[n_panels:]:
+    for ax in axes[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(png, dpi=80)

@@ -1,12 +1,7 @@
 """
-The policies besides a local Hugging Face model, and the flags that pick one: a policy maps a batch of unfinished
-episodes to one reply each (sample.rollout plays them).
-
-  APIPolicy      an OpenAI-compatible endpoint: concurrent requests, retries with backoff, a seed per request.
-  ScriptedPolicy the environment's own scripted players (tic-tac-toe: random, minimax; calc: oracle).
-  make_policy    a --model string to a policy: a scripted player's name, an API model (with --api_base), or
-                 an HF model (sample.HFPolicy).
-eval.py and sft.py's teachers use them; rl.py trains sample.HFPolicy alone.
+The policies besides a local Hugging Face model (sample.HFPolicy), for eval.py and sft.py's teachers: APIPolicy, an
+OpenAI-compatible endpoint (concurrent requests, retries with backoff, a seed per request); ScriptedPolicy, the
+environment's own scripted players (tic-tac-toe: random, minimax; calc: oracle); make_policy, a --model string to one.
 """
 import concurrent.futures
 import json
@@ -165,12 +160,17 @@ def add_policy_args(p):
                    "(generate(), the reference) or fast (engine.py); auto: fast wherever it holds the model's layers")
     p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL; --model is then the served model name")
+    p.add_argument("--random_move_prob", type=float, default=0.0, help="--model minimax only: its own random-move probability")
+    return add_api_args(p)
+
+
+def add_api_args(p, who="--model"):
+    """The flags of an API model (eval.py's --model, sft.py's --teacher)."""
+    p.add_argument("--api_base", default=None, help=f"OpenAI-compatible base URL; {who} is then the served model name")
     p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="name of the environment variable holding the API key")
     p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
     p.add_argument("--no_api_seed", action="store_true", help="API models: send no per-request seed (for a server that "
                    "refuses one; its sampled games are then not reproducible)")
-    p.add_argument("--random_move_prob", type=float, default=0.0, help="--model minimax only: its own random-move probability")
     return p
 
 

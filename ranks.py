@@ -1,10 +1,7 @@
 """
-Several processes (torchrun): data parallelism on torch.distributed, for sft.py and rl.py.
-
-torchrun starts one process per GPU (RANK, WORLD_SIZE, LOCAL_RANK in the environment); every rank holds the whole
-model and optimizer, works on its share of each step's batch, and the gradients are summed over the ranks before an
-identical optimizer step everywhere (docs/DISTRIBUTED.md). Launched without torchrun there is no process group, and
-every function here costs nothing and does nothing.
+Several processes (torchrun) for sft.py and rl.py: one process per GPU, each holding the whole model and optimizer and
+working on its share of each step's batch, the gradients summed over the ranks before an identical optimizer step
+everywhere (docs/DISTRIBUTED.md). Launched without torchrun there is no process group, and each function does nothing.
 """
 import contextlib
 import os

@@ -1,9 +1,7 @@
 """
 Batched multi-turn rollouts with exact token trajectories: the rollout loop eval.py, sft.py and rl.py use, and
-HFPolicy, a Hugging Face causal LM as a policy (policies.py has the others: API models, scripted players).
-
-    python eval.py --model out/rl --show 4 -n 4                   # watch a model play (eval.py prints its games)
-    python env_tictactoe.py --model out/rl                        # play tic-tac-toe against the model yourself
+HFPolicy, a Hugging Face causal LM as a policy (policies.py has the others: API models, scripted players). Watch a
+model play with `python eval.py --model out/rl --show 4 -n 4`.
 
 A policy maps a batch of unfinished episodes to one reply each. HFPolicy keeps each episode's exact token
 trajectory: `ids` (prompt, every sampled reply with its end-of-turn token, every environment message), `mask` (1
@@ -12,14 +10,11 @@ tokens under the sampling temperature, 0 elsewhere). Later environment messages 
 template puts between an assistant turn and the next generation prompt; the conversation is never re-rendered, so
 templates that rewrite past turns (Qwen3 drops earlier <think> blocks) cannot make ids drift.
 
-HFPolicy's turns run on one of two engines (--engine): GenerateEngine below, Hugging Face generate() over each
-episode's token ids so far, the reference to read; and engine.FastEngine (engine.py), a KV cache row per episode
-kept for the whole game and each turn's decoding captured as one CUDA graph, which --engine auto picks wherever it
-holds the model's layers. Both draw every token through HFPolicy._sample, so they give the same tokens.
-
-Sampling is inverse-CDF with one uniform number per token, drawn from a generator seeded by (seed, episode number,
-rollout, turn): an episode's tokens do not depend on which episodes share its batch, so --gen_batch, the order of
-the batches, or splitting a step over several torchrun ranks change no rollout.
+Its turns run on one of two engines (--engine): GenerateEngine below, Hugging Face generate() over each episode's
+token ids, the reference to read; and engine.FastEngine, a KV cache row per episode for the whole game and a CUDA
+graph per turn, which --engine auto picks wherever it holds the model's layers. Both draw every token through
+HFPolicy._sample: inverse-CDF with one uniform number per token from a generator seeded by (seed, episode number,
+rollout, turn), so an episode's tokens do not depend on the engine, on --gen_batch or on the number of ranks.
 """
 import copy
 
@@ -109,9 +104,8 @@ def _as_list(x):
 
 
 def pick_engine(name, model, **options):
-    """The engine of HFPolicy's turns: "hf" (GenerateEngine: generate(), the reference), "fast" (engine.FastEngine:
-    a KV cache row per episode for the whole game, CUDA graphs) or "auto": the fast one where it holds the model's
-    layers (it is the faster on a GPU and on a CPU: bench.py), else generate()."""
+    """The engine of HFPolicy's turns: "hf" (GenerateEngine), "fast" (engine.FastEngine) or "auto": the fast one where
+    it holds the model's layers (it is the faster on a GPU and on a CPU: bench.py), else generate()."""
     if name not in ("auto", "hf", "fast"):
         raise ValueError(f"unknown engine {name!r}: auto, hf or fast")
     fits = engine.FastEngine.fits(model)
@@ -125,10 +119,8 @@ def pick_engine(name, model, **options):
 
 class HFPolicy:
     """A Hugging Face causal LM as a policy. Each turn brings every episode's token ids up to the generation prompt
-    (the environment's message as the chat template's tokens, ChatTokens), has the engine sample the replies (the
-    same seeded draws on either engine: sample_replies), and appends them to the trajectories: `ids` (prompt, every
-    reply with its end-of-turn token, every environment message), `mask` (1 exactly on the model's tokens) and
-    `logprobs` (of those tokens under the sampling temperature, 0 elsewhere)."""
+    (the environment's message as the chat template's tokens, ChatTokens), has the engine sample the replies, and
+    appends them to the trajectories (ids, mask, logprobs: the module's docstring)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                  min_new_tokens=0, seed=0, engine="auto", **engine_options):
@@ -205,10 +197,8 @@ class HFPolicy:
         return [(tokens[b, :n[b]].tolist(), logprobs[b, :n[b]].tolist()) for b in range(len(n))]
 
     def _uniforms(self, episodes, device):
-        """(B, max_new_tokens) uniform numbers in [0, 1), one per token this turn may sample: row b's are drawn from
-        a generator seeded by (seed, episode index, rollout, turn). An episode's draws therefore do not depend on
-        which other episodes share its batch: the same rollouts whatever --gen_batch, and whatever the number of
-        ranks that split a step's episodes between them (rl.py under torchrun)."""
+        """(B, max_new_tokens) uniform numbers in [0, 1), one per token this turn may sample: row b's from a generator
+        seeded by (seed, episode index, rollout, turn), whatever other episodes share its batch."""
         if self.temp == 0:
             return torch.zeros((len(episodes), self.max_new_tokens), device=device)  # greedy: not used
         rows = [np.random.default_rng([self.seed, ep.get("index", 0), ep.get("rollout", 0), len(ep["messages"])]).random(self.max_new_tokens)
@@ -306,11 +296,10 @@ def new_episode(env, example, index=0, rollout=0):
 
 
 def branch(ep):
-    """A copy of an episode that goes on apart from it (the tic-tac-toe certificate branches its lines over the opponent's
-    replies): its trajectory lists and environment state copied, anything else shared, the policy's KV cache
-    included (HFPolicy gives the copy a row of its own at the next turn). The token lists are copied whole, not
-    element by element as copy.deepcopy would (1.2 ms for an episode of 900 tokens on this 2-core CPU: 1.6 s for
-    the 1,338 branches of a certificate that takes about 24 s)."""
+    """A copy of an episode that goes on apart from it (the tic-tac-toe certificate branches its lines over the
+    opponent's replies): its lists and environment state copied, anything else shared, the KV cache included (the
+    fast engine gives the copy a row of its own). Lists are copied whole, not element by element as deepcopy would
+    (1.6 s of a 24 s certificate on a 2-core CPU)."""
     child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
     child["state"] = copy.deepcopy(ep["state"])
     return child
@@ -339,13 +328,10 @@ def finish(env, ep):
 
 
 def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progress=True, skip=()):
-    """Play every example `group` times; returns records ordered by (example, rollout).
-
-    Each turn, ALL unfinished episodes go to the policy at once; finished ones leave the batch and are handed
-    to on_done(record) immediately (eval.py writes them to disk as they finish). `skip` holds (index, rollout)
-    pairs already done. An environment with a forced_reply(state, rollout) hook may play a turn's reply in the
-    policy's place (a text, or None to let the policy sample): exploration, as tic-tac-toe's replay_explore tries
-    other moves at a replayed mistake; HFPolicy records it as the model's tokens with the model's logprobs."""
+    """Play every example `group` times; returns records ordered by (example, rollout). Each turn ALL unfinished
+    episodes go to the policy at once; finished ones go to on_done(record) at once (eval.py writes them as they
+    finish); `skip` holds (index, rollout) pairs already done. An environment's forced_reply(state, rollout) hook may
+    play a turn's reply in the policy's place (exploration; None: the policy samples), recorded as the model's tokens."""
     active = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples) for r in range(group)
               if (start_index + i, r) not in skip]
     done = []

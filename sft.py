@@ -7,24 +7,16 @@ SFT warm-up: play teacher games, keep the good ones, train every parameter on th
     python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
     torchrun --standalone --nproc_per_node 8 sft.py --model Qwen/Qwen3-1.7B --data out/sft/data.jsonl --batch 64   # 8 GPUs
 
-Under torchrun every rank trains on its share of each step's --batch conversations, the loss divided by the
-whole batch's reply tokens, and the gradients are summed over the ranks; rank 0 plays the teacher's games and
-builds a scratch model, then the others read them from DIR.
-
---model scratch builds a small Llama-architecture model (random init, a few million parameters) and a
-byte-level BPE tokenizer trained on the environment's own transcripts, with a ChatML chat template, and
-saves both with save_pretrained; from then on it is an ordinary model directory.
-
-Conversations are laid out as the rollout engine lays out trajectories (sample.ChatTokens): the loss is on
-the assistant replies and their end-of-turn tokens only, except for the scratch model: it has never read
-anything, so it also learns to predict the system and environment messages (--context_loss 0.3: boards,
-free-cell lists, the opponent's moves). That dense signal teaches it to read the board: on the speedrun's
-data it left the loss plateau earlier for both seeds measured, and after the default 1,000 steps 2.5-3.5% of
-its games had an invalid move instead of 17-36% (README).
-
-Output: DIR (default out/sft) is a save_pretrained directory (safetensors, tokenizer, chat template) loadable
-by eval.py, rl.py, transformers and vLLM, plus DIR/sft_args.json, DIR/sft_results.json, DIR/metrics.jsonl,
-DIR/data.jsonl (the kept games) and DIR/trainer_state.pt (for --resume).
+--model scratch builds a small Llama (random init, a few million parameters) and a byte-level BPE tokenizer trained
+on the environment's own transcripts, with a ChatML template, saved with save_pretrained: an ordinary model directory.
+Conversations are laid out as rollouts lay out trajectories (sample.ChatTokens): the loss is on the assistant replies
+and their end-of-turn tokens only, except for the scratch model, which has never read anything and also learns to
+predict the system and environment messages (--context_loss 0.3: boards, free cells, the opponent's moves). That
+dense signal teaches it to read the board: after 1,000 steps 2.5-3.5% of its games had an invalid move, not 17-36%.
+Under torchrun each rank trains on its share of each batch, the loss divided by the whole batch's reply tokens, the
+gradients summed; rank 0 plays the teacher's games and builds a scratch model, the others read them from DIR.
+Output: DIR (out/sft), a save_pretrained directory loadable by eval.py, rl.py, transformers and vLLM, with
+sft_args.json, sft_results.json, metrics.jsonl, data.jsonl (the kept games) and trainer_state.pt (for --resume).
 """
 import argparse
 import json
@@ -40,8 +32,9 @@ from common import (GRAD_CLIP, TRAIN_FLAG_RULES, add_train_args, at_least, check
                     pad_batch, parse_env_args, positive, samples_when_served, save_run, start_or_resume, start_run,
                     token_logprobs, token_microbatches, train_autocast)
 from engine import enable_grad_ckpt
+from eval import evaluate_standard
 from ranks import stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
-from policies import ScriptedPolicy, has_scripted_player, make_policy
+from policies import ScriptedPolicy, add_api_args, has_scripted_player, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 
 
@@ -226,11 +219,7 @@ def parse_args(argv=None):
     p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), an API model with --api_base, or an HF model")
     p.add_argument("--teacher_random_prob", type=float, default=0.2, help="scripted minimax teacher: its random-move probability")
     p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
-    p.add_argument("--api_base", default=None, help="OpenAI-compatible base URL for an API teacher")
-    p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
-    p.add_argument("--no_api_seed", action="store_true", help="API teacher: send no per-request seed (for a server that "
-                   "refuses one; its games are then not reproducible)")
+    add_api_args(p, "--teacher")
     p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
     p.add_argument("--n_games", type=int, default=12000, help="teacher games to play (scripted teachers are free; ~200 for an API teacher)")
     p.add_argument("--keep", default="not_lost", help="filter: not_lost (and well-formed), won, all, or reward>=X")
@@ -281,7 +270,6 @@ def main():
     encoded = training_data(args, env, chat, rank, resume, user_data)
     enable_grad_ckpt(model, args.grad_ckpt, device)
 
-
     # ---- optimizer
     steps_per_epoch = max(1, len(encoded) // args.batch)
     total = args.max_steps if args.max_steps > 0 else max(1, round(args.epochs * steps_per_epoch))
@@ -297,11 +285,9 @@ def main():
 
     if resume and step >= total:  # its final evaluation and save are done: running them again would repeat rows
         print(f"--resume: {args.out} holds the final checkpoint (step {step} of {total}): nothing to do")
-        stop_ranks()
-        return
+        return stop_ranks()
 
     # ---- loop
-    from eval import evaluate_standard
     metrics_path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
     results = {}
 
@@ -321,9 +307,7 @@ def main():
     amp = train_autocast(device)
     while step < total:
         t0 = time.time()
-        lr = lr_at(step, args.lr, args.warmup, total, args.schedule)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        opt.param_groups[0]["lr"] = lr = lr_at(step, args.lr, args.warmup, total, args.schedule)
         idx = batch_indices(step)
         n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)  # the whole batch's: every rank divides by it
         idx = idx[rank::world]  # under torchrun: this rank's conversations of the batch
