@@ -7,6 +7,7 @@ Nothing here is RL or SFT: sample.py (rollouts), sft.py and rl.py (the algorithm
 import contextlib
 import errno
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -251,10 +252,12 @@ def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_ev
     p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
     p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
     p.add_argument("--eval_every", type=int, default=eval_every, help="greedy game evaluation every N steps (0: only at the end)")
-    p.add_argument("--eval_n", type=int, default=eval_n, help="games per evaluation setting (opponent)")
+    p.add_argument("--eval_n", type=int, default=eval_n, help="episodes per evaluation setting")
     p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (under torchrun: each rank takes the GPU of its LOCAL_RANK)")
+    p.add_argument("--report_to", choices=["none", "trackio", "wandb"], default="none", help="also log every line to a "
+                   "trackio run (local, no account: `trackio show` opens its dashboard) or a wandb run; optional imports")
     return p
 
 
@@ -466,16 +469,35 @@ def set_rng_state(s):
 # ----------------------------------------------------------------------------- log lines
 
 
-def log_line(step, metrics, path=None):
-    """One grep-able line per step, and the same as a JSON line in `path`."""
-    parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
-    print(" | ".join(parts), flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
+class RunLog:
+    """A run's log: one grep-able line per step on stdout, the same as a JSON line in DIR/metrics.jsonl, and with
+    --report_to trackio or wandb (optional imports) in that tracker's run, the run's flags as its config. Under
+    torchrun rank 0 alone writes and tracks."""
 
+    def __init__(self, args, rank=0):
+        self.path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
+        self.args, self.tracker = args, None
+        self.report_to = args.report_to if rank == 0 and args.report_to != "none" else None
+        if self.report_to and importlib.util.find_spec(self.report_to) is None:  # said before any work; the run starts at the first line
+            raise SystemExit(f"--report_to {self.report_to}: it is not installed (pip install {self.report_to})")
 
-def log_eval(step, results, path):
-    """The log line of an evaluate_standard() result: rates and mean reward per setting."""
-    for name, (s, _) in results.items():
-        log_line(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"}, path)
+    def __call__(self, step, metrics):
+        if self.report_to and not self.tracker:  # trackio keeps its runs on this machine; wandb needs an account or WANDB_MODE=offline
+            self.tracker = importlib.import_module(self.report_to)
+            self.tracker.init(project="nanorlenv", name=os.path.normpath(self.args.out), config=vars(self.args))
+        parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+        print(" | ".join(parts), flush=True)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.tracker:
+            self.tracker.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def evals(self, step, results):
+        """The lines of an evaluate_standard() result: rates and mean reward per setting."""
+        for name, (s, _) in results.items():
+            self(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"})
+
+    def close(self):
+        if self.tracker:
+            self.tracker.finish()

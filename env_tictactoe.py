@@ -1,5 +1,5 @@
 """
-Tic-tac-toe against a seeded, unbiased minimax opponent (multi-turn environment).
+Tic-tac-toe against a seeded, unbiased minimax opponent (multi-turn environment): the game the course describes.
 
     python eval.py --model minimax --env tictactoe -n 2 --show 2      # watch the scripted player
     python eval.py --model random --env tictactoe --opponent optimal   # a baseline
@@ -20,13 +20,17 @@ Replies are untrusted text; their outcomes (see `parse_move`):
     why, the turn is used up and the game goes on;
   - a reply is well-formed (format reward) when it is exactly <think>...</think> then <move>N</move>,
     whitespace aside, with no tags nested inside the think block.
+The research variants (puzzles, the rules teachers, show_wins, more reward kinds, exploration at the exploiter's
+replays) are env_tictactoe_lab.py, `--env tictactoe_lab`, built on this file through the hooks TicTacToe marks.
 Pure Python: no torch here (but certify, which plays a policy through sample.py, and the speedrun's report).
 """
 import fractions
-import json
-import os
 import functools
 import hashlib
+import importlib
+import inspect
+import json
+import os
 import random
 import re
 
@@ -124,28 +128,6 @@ def opponent_move(board, seed, random_move_prob):
     return choose_move(board, "O", random_move_prob, stable_rng(seed, board))
 
 
-def line_moves(model_first, replies, board):
-    """The moves ["O 3", "X 4", ...] of a replayed line from the empty board to `board` (X to move): O's are the
-    `replies` ({board: cell}, as eval.py --certify records them), X's lead to the next board of the line."""
-    now, moves, x_to_move = "." * 9, [], model_first
-    while now != board:
-        if x_to_move:
-            nxt = [c for c in free_cells(now) if play(now, c, "X") in replies or play(now, c, "X") == board]
-            if len(nxt) != 1:
-                raise ValueError(f"position {board!r} is not on the replayed line")
-            cell = nxt[0]
-        elif now in replies:
-            cell = replies[now]
-        else:
-            raise ValueError(f"position {board!r} is not on the replayed line")
-        now = play(now, cell, "X" if x_to_move else "O")
-        moves.append(f"{'X' if x_to_move else 'O'} {cell}")
-        x_to_move = not x_to_move
-    if not x_to_move:
-        raise ValueError(f"position {board!r}: O is to move there, not X")
-    return moves
-
-
 # ----------------------------------------------------------------------------- the scripted player (teacher, baseline)
 
 # The scripted minimax PLAYER's style (never the opponent's): one move per board, so that a student copies one
@@ -153,47 +135,6 @@ def line_moves(model_first, replies, board):
 # uniformly among optimal moves meets 3,052). Of its optimal moves it takes the one with the best chance to win
 # against a random opponent (`chance_vs_random`), ties broken by this order.
 PREFERENCE = (CENTRE, *CORNERS, *EDGES)
-
-
-PUZZLE_KINDS = ("block", "win", "threat", "opening", "second", "start")
-# how rl.py --exploit ranks certificates with as many lost lines (TicTacToe.exploit)
-EXPLOIT_RANKS = ("mistakes", "random_wins")
-RULES_PLAYERS = ("rules", "rules_wins", "rules_then")  # the warm-up teachers that know only the format and the rules
-SCRIPTED_PLAYERS = ("random", "minimax", *RULES_PLAYERS)
-
-
-def demands(board, kind):
-    """Does X to move on `board` face a puzzle of `kind`: "block" (O threatens one line, X has no win, and the game is
-    not yet lost, so the block is the one move that keeps it), "win" (a line for X to complete now), "threat"
-    (either), "opening" (X's first or second move, where some move loses the position's value) or "second" (X's
-    second move, where some move loses it)?"""
-    if kind in ("opening", "second"):
-        x_moves = (0, 1) if kind == "opening" else (1,)
-        return board.count("X") in x_moves and len(best_moves(board, "X")) < len(free_cells(board))
-    wins, their_wins = threats(board, "X"), threats(board, "O")
-    block = not wins and len(their_wins) == 1 and value(board, "X") > -1
-    return (kind != "win" and block) or (kind != "block" and bool(wins))
-
-
-def puzzle_line(rng, kind):
-    """A line of uniformly random play, by both sides, to the first position that `demands` `kind`, X to move:
-    (model_first, replies, board), the fields of a replayed line's example (see TicTacToe.reset). An "opening"
-    puzzle is X's first or second move, drawn at random, so that the second moves are not all cut short by a first.
-    A "second" puzzle's line has X's first move optimal, not random: the second moves a good first move leads to."""
-    while True:
-        model_first, board, replies = rng.random() < 0.5, "." * 9, {}
-        nth = rng.randrange(2) if kind == "opening" else None
-        if not model_first:
-            replies[board] = rng.choice(free_cells(board))
-            board = play(board, replies[board], "O")
-        while winner(board) is None:
-            if demands(board, kind) and nth in (None, board.count("X")):
-                return model_first, replies, board
-            board = play(board, rng.choice(best_moves(board, "X") if kind == "second" else free_cells(board)), "X")
-            if winner(board) is not None:
-                break
-            replies[board] = rng.choice(free_cells(board))
-            board = play(board, replies[board], "O")
 
 
 def safe_moves(board):
@@ -221,14 +162,8 @@ def player_move(board):
     return max(safe_moves(board), key=lambda c: (chance_vs_random(play(board, c, "X"), False), -PREFERENCE.index(c)))
 
 
-def scripted_reply(name, board, cell):
-    """The reply of scripted player `name` taking `cell` as X: the rules players' <think> lists the free cells (and,
-    for rules_wins and rules_then, where each side could complete a line; rules_then's also where X could after
-    the move), the others' gives a reason (`explain`)."""
-    if name in RULES_PLAYERS:
-        check = f"{wins_check(board, 'X')} " if name != "rules" else ""
-        then = f" {then_check(board, cell)}" if name == "rules_then" else ""
-        return f"<think>{check}Free cells: {' '.join(map(str, free_cells(board)))}. I take cell {cell}.{then}</think><move>{cell}</move>"
+def player_reply(board, cell):
+    """The scripted players' reply taking `cell` as X: a <think> that gives a reason (`explain`), then the move."""
     return f"<think>{explain(board, cell, 'X')}</think><move>{cell}</move>"
 
 
@@ -249,11 +184,6 @@ def wins_check(board, player):
     """Where each side could complete a line now: 'Wins: me 7, opponent none.'"""
     mine, theirs = wins_now(board, player)
     return f"Wins: me {mine}, opponent {theirs}."
-
-
-def then_check(board, cell):
-    """Where X could complete a line after taking `cell`: 'Then: me 2 6.'"""
-    return f"Then: me {' '.join(map(str, threats(play(board, cell, 'X'), 'X'))) or 'none'}."
 
 
 def _reason(board, cell, player):
@@ -281,21 +211,12 @@ def is_well_formed(reply):
 
 
 CHECK_RE = re.compile(r"<think>Wins: me ([0-8](?: [0-8])*|none), opponent ([0-8](?: [0-8])*|none)\.")
-THEN_RE = re.compile(r"Then: me (?:[0-8](?: [0-8])*|none)\.(?=</think>)")
 
 
 def states_the_wins(reply, board):
-    """Does the reply's <think> begin with a true `Wins: me A, opponent B.` for X on `board` (wins_check's words),
-    and, where it ends with `Then: me C.` (the rules_then teacher's words), is that true of the move it makes?"""
-    reply = reply.lstrip()
-    m = CHECK_RE.match(reply)
-    if m is None or m.group(0)[len("<think>"):] != wins_check(board, "X"):
-        return False
-    then = THEN_RE.search(reply)
-    if then is None:
-        return True
-    cell, _ = parse_move(reply, board)
-    return cell is not None and then.group(0) == then_check(board, cell)
+    """Does the reply's <think> begin with a true `Wins: me A, opponent B.` for X on `board` (wins_check's words)?"""
+    m = CHECK_RE.match(reply.lstrip())
+    return m is not None and m.group(0)[len("<think>"):] == wins_check(board, "X")
 
 
 def stated_own_wins(reply):
@@ -325,8 +246,8 @@ def parse_move(reply, board):
 # ----------------------------------------------------------------------------- the environment
 
 # The two standard evaluation settings (eval.py --opponent, and the evaluations inside sft.py and rl.py).
-EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0, "puzzles": 0.0},
-                 "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0, "puzzles": 0.0}}
+EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
+                 "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
 # the certificate's panels in curves.png (eval.plot_curves, from rl.py and the speedrun's report): lost lines and
 # mistaken decisions; the optimal-move share and the exact win rate against the random opponent
 CERTIFY_CURVES = (("certificate (greedy, every opponent line)", ("lines_lost", "mistakes")),
@@ -341,111 +262,91 @@ The board shows free cells as their numbers. Reply with a short reasoning inside
 <think>I take the centre.</think><move>4</move>"""
 
 
+def number(x):
+    """A number that --env_args may give: not NaN, not JSON's true or false (Python's bools are ints)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+def integer(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def non_negative(x):
+    return number(x) and 0 <= x < float("inf")
+
+
+def check_options(checks):
+    """Raise ValueError naming the first option whose test failed, of [(name, value, ok, what it must be)]."""
+    for name, value, ok, must in checks:
+        if not ok:
+            raise ValueError(f"{name}={value!r}: must be {must}")
+
+
 class TicTacToe:
+    """The game. The methods whose docstring begins "Hook" are where a variant built on it (env_tictactoe_lab.py) adds
+    its options, overriding them; here they are the game's own behaviour."""
     system_prompt = SYSTEM_PROMPT
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
     certify_curves = CERTIFY_CURVES  # rl.py --exploit's curves.png
+    scripted_players = ("random", "minimax")
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                 loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                 missed_win_penalty=0.0, show_wins=False, replay_explore=None, exploit_rank="mistakes",
-                 exploit_stop=False, opponent=None):
+                 show_cells=False, opening=0, opponent=None):
         lo, hi = min_random_move_prob, max_random_move_prob
-        number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN, not true/false
-        integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
-        finite_non_negative = lambda x: number(x) and 0 <= x < float("inf")
-        kinds = [puzzle_kind] if isinstance(puzzle_kind, str) else puzzle_kind if isinstance(puzzle_kind, list) else []
-        for name, value, ok, must in [
-                ("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
-                ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
-                ("min_random_move_prob", lo, number(lo) and number(hi) and lo <= hi, f"at most max_random_move_prob={hi}"),
-                ("num_groups", num_groups, integer(num_groups) and num_groups >= 1, "a positive integer"),
-                ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
-                ("invalid_penalty", invalid_penalty, finite_non_negative(invalid_penalty), "a number >= 0"),
-                ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
-                ("show_wins", show_wins, isinstance(show_wins, bool), "true or false"),
-                ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
-                ("opening_player", opening_player, opening_player in ("minimax", "random"), '"minimax" or "random"'),
-                ("replay_from", replay_from, replay_from in ("start", "mistake"), '"start" or "mistake"'),
-                ("replay_explore", replay_explore, replay_explore in (None, *SCRIPTED_PLAYERS),
-                 "null or a scripted player: " + ", ".join(map(repr, SCRIPTED_PLAYERS))),
-                ("exploit_rank", exploit_rank, exploit_rank in EXPLOIT_RANKS, " or ".join(map(repr, EXPLOIT_RANKS))),
-                ("exploit_stop", exploit_stop, isinstance(exploit_stop, bool), "true or false"),
-                ("check_reward", check_reward, finite_non_negative(check_reward), "a number >= 0"),
-                ("loss_penalty", loss_penalty, finite_non_negative(loss_penalty), "a number >= 0"),
-                ("optimal_reward", optimal_reward, finite_non_negative(optimal_reward), "a number >= 0"),
-                ("missed_win_penalty", missed_win_penalty, finite_non_negative(missed_win_penalty), "a number >= 0"),
-                ("puzzles", puzzles, number(puzzles) and 0 <= puzzles <= 1, "a share in [0, 1]"),
-                ("puzzle_kind", puzzle_kind, kinds and all(k in PUZZLE_KINDS for k in kinds),
-                 " or ".join(map(repr, PUZZLE_KINDS)) + ", or a list of them"),
-                ("puzzle_turns", puzzle_turns, integer(puzzle_turns) and puzzle_turns >= 1, "a positive integer")]:
-            if not ok:
-                raise ValueError(f"{name}={value!r}: must be {must}")
+        check_options([("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
+                       ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
+                       ("min_random_move_prob", lo, number(lo) and number(hi) and lo <= hi, f"at most max_random_move_prob={hi}"),
+                       ("num_groups", num_groups, integer(num_groups) and num_groups >= 1, "a positive integer"),
+                       ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
+                       ("invalid_penalty", invalid_penalty, non_negative(invalid_penalty), "a number >= 0"),
+                       ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
+                       ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0")])
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
-        self.invalid_penalty, self.opening = invalid_penalty, opening
-        self.show_cells, self.show_wins = show_cells, show_wins
-        self.opening_player, self.replay_from, self.replay_explore = opening_player, replay_from, replay_explore
-        self.exploit_rank, self.exploit_stop = exploit_rank, exploit_stop
-        self.check_reward, self.loss_penalty, self.optimal_reward = check_reward, loss_penalty, optimal_reward
-        self.puzzles, self.puzzle_kinds, self.puzzle_turns = puzzles, kinds, puzzle_turns
-        self.missed_win_penalty = missed_win_penalty
-        # an instance's weights: the class's are every other game's
-        extra = {name: w for name, w in (("check", check_reward), ("optimal", optimal_reward),
-                                         ("missed_win", missed_win_penalty)) if w}
-        if extra:
-            self.reward_weights = {**TicTacToe.reward_weights, **extra}
+        self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         # opponent(state) -> cell replaces the seeded opponent (a human in `python env_tictactoe.py`, a script in tests);
         # None: an example's "replies" where they name the board (a replayed line), else `opponent_move`
         self.opponent = opponent
 
     def examples(self, n, seed=0):
-        """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]. With `puzzles`, each
-        example is, with that probability, a puzzle: a game that starts where random play first reached a position
-        demanding `puzzle_kind` (`puzzle_line`; of a list, one kind drawn per puzzle), its moves listed as an
-        opening's, cut off after `puzzle_turns` replies; a "start" puzzle is a game from the empty board against a
-        uniformly random opponent, cut off after two replies (X's first two moves, asked in a game's messages)."""
-        rng, puzzle_rng = random.Random(seed), stable_rng(seed, "puzzles")
+        """Example i has its random_move_prob drawn inside bucket i % num_groups of [min, max]."""
+        rng = random.Random(seed)
         width = (self.hi - self.lo) / self.num_groups
         rows = []
         for i in range(n):
             p = self.lo + width * (i % self.num_groups + rng.random())
             rows.append({"seed": rng.randrange(2**31), "random_move_prob": min(p, self.hi)})
-            if self.puzzles and puzzle_rng.random() < self.puzzles:
-                # one kind draws nothing: a one-kind list gives the same examples as that kind alone
-                kind = self.puzzle_kinds[0] if len(self.puzzle_kinds) == 1 else puzzle_rng.choice(self.puzzle_kinds)
-                if kind == "start":  # the game's own messages from the empty board, a random opponent, two replies
-                    rows[-1].update(model_first=puzzle_rng.random() < 0.5, random_move_prob=1.0, max_turns=2)
-                    continue
-                model_first, replies, board = puzzle_line(puzzle_rng, kind)
-                rows[-1].update(model_first=model_first, replies=replies, position=board, max_turns=self.puzzle_turns)
         return rows
 
     def reset(self, example):
         """An example may set "model_first" to override the seed's choice of who starts, and "replies", a
         {board: cell} map of the opponent's replies on those boards (a line replayed: `eval.py --certify` records
-        the lines a policy lost, `rl.py --exploit` trains on them); elsewhere the seeded opponent plays. With
-        "position" too (a board on that line, X to move), the game starts there, its moves so far listed as an
-        opening's are; "max_turns" replaces the environment's for this game."""
-        state = {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
-                 "replies": example.get("replies", {}),
-                 "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
-                 "turns": 0, "well_formed": 0, "true_checks": 0, "missed_wins": 0, "optimal_moves": 0, "invalid_moves": 0,
-                 "winner": None, "cut_off": False, "done": False, "max_turns": example.get("max_turns", self.max_turns),
-                 "explore": example.get("explore")}
-        first = None if state["model_first"] else self._opponent(state)
-        moves = [] if first is None else [f"O {first}"]
-        if "position" in example:
-            moves = line_moves(state["model_first"], state["replies"], example["position"])
-            state["board"] = example["position"]
-        # the opening: up to `opening` rounds of X (the scripted minimax player, or a random cell) and the example's
-        # O, stopping before a round that would end the game, so that the model always has a move to make; a
-        # replayed line has none
+        the lines a policy lost, `rl.py --exploit` trains on them); elsewhere the seeded opponent plays."""
+        state = self.new_state(example)
+        moves = self.first_moves(state, example)
+        if len(moves) > 1:
+            return state, f"New game, from a position: the moves so far were {', '.join(moves)}.\n{self._show(state)}"
+        if state["model_first"]:
+            return state, f"New game. You are X and move first.\n{self._show(state)}"
+        return state, f"New game. The opponent (O) moved first and took cell {moves[0][2:]}.\n{self._show(state)}"
+
+    def new_state(self, example):
+        """Hook: the state of a game before any move."""
+        return {"board": "." * 9, "seed": example["seed"], "random_move_prob": example["random_move_prob"],
+                "replies": example.get("replies", {}),
+                "model_first": example.get("model_first", stable_rng(example["seed"], "first").random() < 0.5),
+                "turns": 0, "well_formed": 0, "invalid_moves": 0, "winner": None, "cut_off": False, "done": False,
+                "max_turns": self.max_turns}
+
+    def first_moves(self, state, example):
+        """Hook: play the moves before the model's first, the opponent's first where it starts, then the opening:
+        up to `opening` rounds of the scripted minimax player's X (`opening_move`) and the example's O, stopping
+        before a round that would end the game, so that the model always has a move to make (a replayed line has
+        none). Returns them, ["O 3", "X 4", "O 2"]."""
+        moves = [] if state["model_first"] else [f"O {self._opponent(state)}"]
         rounds = 0 if "replies" in example else stable_rng(example["seed"], "opening").randint(0, self.opening)
         for _ in range(rounds):
             board = state["board"]
-            x = player_move(board) if self.opening_player == "minimax" else \
-                stable_rng(example["seed"], board, "opening X").choice(free_cells(board))
+            x = self.opening_move(board, example["seed"])
             after = play(board, x, "X")
             if winner(after) is not None or len(free_cells(after)) < 2:
                 break
@@ -455,11 +356,11 @@ class TicTacToe:
                 state["board"] = board
                 break
             moves += [f"X {x}", f"O {o}"]
-        if len(moves) > 1:
-            return state, f"New game, from a position: the moves so far were {', '.join(moves)}.\n{self._show(state)}"
-        if state["model_first"]:
-            return state, f"New game. You are X and move first.\n{self._show(state)}"
-        return state, f"New game. The opponent (O) moved first and took cell {first}.\n{self._show(state)}"
+        return moves
+
+    def opening_move(self, board, seed):
+        """Hook: X's move in an opening, the scripted minimax player's."""
+        return player_move(board)
 
     def step(self, state, reply):
         """Apply the model's reply; return the next user message, or None when the game is over."""
@@ -468,15 +369,12 @@ class TicTacToe:
         reply = reply if isinstance(reply, str) else str(reply)
         state["turns"] += 1
         state["well_formed"] += is_well_formed(reply)
-        state["true_checks"] += states_the_wins(reply, state["board"])
         cell, why = parse_move(reply, state["board"])
+        self.note_reply(state, reply, cell)
         if cell is None:
             state["invalid_moves"] += 1
             news = f"Invalid move: {why}. The board is unchanged."
         else:
-            state["optimal_moves"] += cell in best_moves(state["board"], "X")
-            named = stated_own_wins(reply) or []
-            state["missed_wins"] += bool(named) and cell not in named
             state["board"] = play(state["board"], cell, "X")
             news = f"You took cell {cell}."
             if self._finish(state):
@@ -489,20 +387,15 @@ class TicTacToe:
             return None
         return f"{news}\n{self._show(state)}"
 
+    def note_reply(self, state, reply, cell):
+        """Hook: called by step with each reply before its move is played (cell None for an invalid move); the game
+        counts nothing more."""
+
     def rewards(self, state):
         result = state["winner"]
-        # a game neither won nor drawn (lost, or cut off) scores -loss_penalty: above 0, not losing is worth more
-        # than winning is, the certificate's aim
-        rewards = {"win": 1.0 if result == "X" else 0.5 if result == "draw" else -self.loss_penalty,
-                   "format": state["well_formed"] / max(state["turns"], 1),
-                   "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
-        if self.check_reward:
-            rewards["check"] = state["true_checks"] / max(state["turns"], 1)
-        if self.optimal_reward:
-            rewards["optimal"] = state["optimal_moves"] / max(state["turns"], 1)
-        if self.missed_win_penalty:
-            rewards["missed_win"] = -state["missed_wins"] / max(state["turns"], 1)
-        return rewards
+        return {"win": 1.0 if result == "X" else 0.5 if result == "draw" else 0.0,
+                "format": state["well_formed"] / max(state["turns"], 1),
+                "invalid": -self.invalid_penalty if state["invalid_moves"] else 0.0}
 
     def metrics(self, state):
         """Per-episode metrics: indicators/fractions become `<name>_rate` in an evaluation, `n_<name>` a mean."""
@@ -512,26 +405,24 @@ class TicTacToe:
                 "cut_off": float(state["cut_off"]), "n_turns": state["turns"], "n_invalid_moves": state["invalid_moves"]}
 
     def scripted_player(self, name, random_move_prob=0.0):
-        """A reply function state -> str: 'random' or 'minimax' (playing randomly with random_move_prob), or
-        'rules', a player that knows only the rules and the format: a random free cell, its <think> listing the
-        free cells and nothing strategic (a warm-up teacher that shows no strategy: docs/RANDOM_TEACHER.md);
-        'rules_wins' plays the same random cell, its <think> first stating where each side could complete a line
-        now (`Wins: me 7, opponent none.`, a fact of the rules; what to do about it is left to RL); 'rules_then'
-        also ends its <think> with where it could complete a line after its move (`Then: me 2 6.`), so that the
-        next turn's `me` part is that list less the opponent's reply, a copy, not a search of the board.
-        Random moves are seeded by (example seed, board), like the opponent's, so a baseline is reproducible;
-        minimax's other moves depend on the board only: of `safe_moves`, the best `chance_vs_random`, then the
-        first in PREFERENCE."""
-        if name not in SCRIPTED_PLAYERS:
-            raise ValueError(f"unknown scripted player {name!r}: use {', '.join(map(repr, SCRIPTED_PLAYERS))}")
+        """A reply function state -> str, the player `name` of scripted_players: 'random', or 'minimax' (playing
+        randomly with random_move_prob), in its words (scripted_reply). Random moves are seeded by (example seed,
+        board), like the opponent's, so a baseline is reproducible; minimax's other moves depend on the board only:
+        of `safe_moves`, the best `chance_vs_random`, then the first in PREFERENCE."""
+        if name not in self.scripted_players:
+            raise ValueError(f"unknown scripted player {name!r}: use {', '.join(map(repr, self.scripted_players))}")
         p = random_move_prob if name == "minimax" else 1.0
 
         def reply(state):
             board = state["board"]
             rng = stable_rng(state["seed"], board, "player")
             cell = rng.choice(free_cells(board)) if rng.random() < p else player_move(board)
-            return scripted_reply(name, board, cell)
+            return self.scripted_reply(name, board, cell)
         return reply
+
+    def scripted_reply(self, name, board, cell):
+        """Hook: the reply of scripted player `name` taking `cell` as X, the game's players' words (`player_reply`)."""
+        return player_reply(board, cell)
 
     def describe(self, state):
         """A human-readable picture of the final state, for transcripts."""
@@ -550,7 +441,7 @@ class TicTacToe:
         from sample import advance, branch, finish, new_episode  # the rollout module plays the policy (it imports no environment)
         # each line is an example whose "replies" script the opponent (reset): from the empty board,
         # the opponent's every move so far; a branch adds its next one
-        ex = {k: v for k, v in self.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a puzzle's start
+        ex = {k: v for k, v in self.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a variant's puzzle
         frontier = [new_episode(self, {**ex, "model_first": True, "replies": {}})]
         frontier += [new_episode(self, {**ex, "model_first": False, "replies": {"." * 9: cell}}) for cell in range(9)]
         # each line's probability against a uniformly random opponent (who starts is a coin toss, as in eval's games),
@@ -579,7 +470,7 @@ class TicTacToe:
                 kind, right = ("win", wins) if wins else ("block", blocks) if blocks else ("quiet", best)
                 asked[kind][0] += 1
                 asked[kind][1] += cell in right
-                checks_true += states_the_wins(reply, board)
+                checks_true += self.check_is_true(reply, board)
                 wins_stated += bool(wins) and stated_own_wins(reply) == wins
                 before = value(board, "X")
                 line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
@@ -628,47 +519,40 @@ class TicTacToe:
                         f.write(json.dumps({k: r[k] for k in ("messages", "rewards", "metrics")}) + "\n")
         return summary, mistakes
 
+    def check_is_true(self, reply, board):
+        """Hook: is the reply's `Wins:` check true on `board` (the certificate's checks_true)? `states_the_wins`."""
+        return states_the_wins(reply, board)
+
     # --- rl.py --exploit's hook
     def exploit(self, policy):
         """Certify the greedy `policy` against every opponent line (certify) and return (summary, rank, examples):
-        the certificate's numbers, its rank (lower is better: lost lines, then by exploit_rank mistaken decisions or
-        the exact win rate against the random opponent, higher first), and for each
-        mistake, the worst first (an invalid move counts as a loss), the example fields that replay its line, from
-        the empty board or (replay_from="mistake") from the position of the mistake, the optimal opponent playing
-        after it."""
+        the certificate's numbers, its rank (`rank_of`, lower is better), and for each mistake, the worst first (an
+        invalid move counts as a loss), the example that replays its line (`replay_of`)."""
         summary, mistakes = self.certify(policy, progress=False)
         mistakes.sort(key=lambda m: m.get("value_after", -1))
-        position = lambda m: {"position": m["board"]} if self.replay_from == "mistake" else {}
-        explore = lambda m: {"explore": m["board"]} if self.replay_explore else {}
-        replays = [{"model_first": m["model_first"], "replies": m["replies"], "random_move_prob": 0.0, **position(m), **explore(m)}
-                   for m in mistakes]
-        then = summary["mistakes"] if self.exploit_rank == "mistakes" else -summary["random_win_rate"]
-        return summary, (summary["lines_lost"], then), replays
+        return summary, self.rank_of(summary), [self.replay_of(m) for m in mistakes]
 
-    def forced_reply(self, state, rollout):
-        """sample.rollout's exploration hook (replay_explore): at a replayed mistake's position (the example's
-        "explore" board), the group's odd rollouts play a free cell in the policy's place, the cells in turn from
-        one that the example's seed picks, in the words of the scripted player replay_explore names; rl.py trains
-        such a reply as if sampled, with its advantage and no importance weight. Elsewhere None: the policy plays."""
-        if state["explore"] != state["board"] or rollout % 2 == 0:
-            return None
-        cells = free_cells(state["board"])
-        return scripted_reply(self.replay_explore, state["board"], cells[(state["seed"] + rollout // 2) % len(cells)])
+    def rank_of(self, summary):
+        """Hook: a certificate's rank for rl.py --exploit, lower is better: lost lines, then mistaken decisions."""
+        return summary["lines_lost"], summary["mistakes"]
+
+    def replay_of(self, mistake):
+        """Hook: the example fields that replay a mistake's line from the empty board, the opponent scripted along the
+        line and optimal after it."""
+        return {"model_first": mistake["model_first"], "replies": mistake["replies"], "random_move_prob": 0.0}
 
     # --- internals
     def _show(self, state):
         board = state["board"]
-        lines = [render(board)]
-        if self.show_cells:
-            # each side's cells as numbers: a small model otherwise has to locate every X and O by counting positions
-            mine, theirs = (" ".join(map(str, cells_of(board, p))) or "none" for p in "XO")
-            lines.append(f"You (X): {mine}. Opponent (O): {theirs}.")
-        if self.show_wins:
-            # where each side could complete a line now, read off the board for the model: a fact of the rules
-            mine, theirs = wins_now(board, "X")
-            lines.append(f"Wins now: you {mine}, opponent {theirs}.")
-        lines.append(f"Free cells: {' '.join(map(str, free_cells(board)))}. Your move.")
-        return "\n".join(lines)
+        return "\n".join([render(board), *self.notes(board), f"Free cells: {' '.join(map(str, free_cells(board)))}. Your move."])
+
+    def notes(self, board):
+        """Hook: the lines between the board and its free cells in a message: with show_cells, each side's cells as
+        numbers (a small model otherwise has to locate every X and O by counting positions)."""
+        if not self.show_cells:
+            return []
+        mine, theirs = (" ".join(map(str, cells_of(board, p))) or "none" for p in "XO")
+        return [f"You (X): {mine}. Opponent (O): {theirs}."]
 
     def _opponent(self, state):
         board = state["board"]
@@ -691,10 +575,7 @@ class TicTacToe:
 
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                     show_cells=False, opening=0, opening_player="minimax", replay_from="start", check_reward=0.0,
-                     loss_penalty=0.0, optimal_reward=0.0, puzzles=0.0, puzzle_kind="threat", puzzle_turns=1,
-                     missed_win_penalty=0.0, show_wins=False, replay_explore=None, exploit_rank="mistakes",
-                     exploit_stop=False, opponent=None):
+                     show_cells=False, opening=0, opponent=None, **lab_options):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -702,54 +583,29 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     side's cells under the board ("You (X): 4. Opponent (O): 2 5."), an easier read for a model from scratch;
     opening: start each game after up to this many rounds (the number drawn per example, 0 included) of the
     scripted minimax player's X and the example's own O, listed in the first message ("the moves so far were
-    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter; opening_player: who
-    plays X's opening moves, "minimax" (the scripted player) or "random" (a random free cell: an opening that shows
-    no strategy, for the rules teacher); replay_from: where rl.py --exploit's replays start, "start" (the empty
-    board, the line's replies scripting the opponent) or "mistake" (the position of the mistake, its moves listed
-    as an opening's: every rollout makes that decision; the model must know the opening message, from SFT with
-    opening > 0); check_reward: the weight of a reward component "check", the share of the model's replies whose
-    <think> begins with a true statement of where each side could complete a line (`Wins: me 7, opponent none.`,
-    as the rules_wins teacher writes it; where the think ends with rules_then's `Then: me 2 6.`, that must be true
-    of the move too): a verifiable fact of the rules, so RL is not left to rewrite it as it
-    rewrites the rest of an unscored think (docs/RANDOM_TEACHER.md); loss_penalty: a lost (or cut-off) game's "win"
-    reward is -loss_penalty instead of 0, so that a block that saves a game pays more than a win adds;
-    optimal_reward: the weight of a reward component "optimal", the share of the model's replies that made a
-    minimax-optimal move (one that keeps the position's win/draw/loss value; an invalid move is not one): the
-    solver scores every decision, so a missed block is paid for even when a weak opponent lets it go; the reward
-    then knows the strategy that RL has to find (docs/RANDOM_TEACHER.md); puzzles: the share of examples that are
-    puzzles, games that start where uniformly random play first reached a position demanding puzzle_kind, "block"
-    (O threatens one line, X has no win, the game not yet lost), "win" (a line for X to complete now), "threat"
-    (either), "opening" (X's first or second move, where some move loses the value), "second" (X's second move
-    where some move loses it, X's first move optimal) or "start" (no position: a game from the empty board against
-    a uniformly random opponent, cut off after two replies, so X's first two moves in a game's own messages), or a
-    list of kinds (one drawn per puzzle), and end after puzzle_turns replies, so that a group's rollouts answer
-    one decision (with optimal_reward, the solver scores it; the model must know the opening message, from SFT
-    with opening > 0);
-    missed_win_penalty: the weight of a reward component "missed_win", minus the share of the model's replies
-    whose `Wins:` check names a cell where X could complete a line and whose move is elsewhere (an invalid move
-    is not counted): a cost for a stated win that is not the move; show_wins: every message also states where each
-    side could complete a line now ("Wins now: you 7, opponent none."), read off the board by the environment, so
-    that a small model need not find its lines itself (the rules_wins teacher's check then copies it);
-    replay_explore: a scripted player's name (the SFT teacher's, whose words the model writes): at the position of
-    each mistake that rl.py --exploit replays, every other rollout of the group plays a free cell in the policy's
-    place, in that player's words (`forced_reply`), so the group compares the mistake with moves the policy is too
-    sure of to sample; null: off; exploit_rank: how rl.py --exploit ranks two certificates with as many lost lines,
-    "mistakes" (fewer mistaken decisions) or "random_wins" (a higher exact win rate against the random opponent:
-    among policies that never lose, the one that wins most against a weak one); exploit_stop: rl.py --exploit stops
-    the run at the first certificate that finds no mistake (the exploiter has nothing left to teach); opponent: a
-    function state -> cell that replaces the seeded opponent (not from --env_args: `python env_tictactoe.py` and tests pass
-    one)."""
+    O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter; opponent: a function
+    state -> cell that replaces the seeded opponent (not from --env_args: `python env_tictactoe.py` and tests pass
+    one). The research options (puzzles, show_wins, ...) are tictactoe_lab's: refused here, saying so."""
+    if lab_options:
+        import env_tictactoe_lab
+        name = next(iter(lab_options))
+        if name in inspect.signature(env_tictactoe_lab.TicTacToeLab).parameters:
+            raise TypeError(f"{name} is an option of tictactoe_lab (env_tictactoe_lab.py): --env tictactoe_lab")
+        raise TypeError(f"load_environment() got an unexpected keyword argument {name!r}")
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opening_player, replay_from, check_reward, loss_penalty, optimal_reward, puzzles, puzzle_kind, puzzle_turns,
-                     missed_win_penalty, show_wins, replay_explore, exploit_rank, exploit_stop, opponent)
+                     opponent)
+
+
+# common.load_env lists the options it accepts off this signature: the game's, not **lab_options
+load_environment.__signature__ = inspect.signature(TicTacToe)
 
 
 # ----------------------------------------------------------------------------- play against a model in the terminal
 
 
-def play_human(policy, env_args, games=None):
+def play_human(policy, env_args, games=None, load=load_environment):
     """Games in the terminal: the policy is X, you are O (input() asks for your cells); `games` of them, or until you
-    say no."""
+    say no. `load`: the environment's load_environment (the game's, or a variant's built on it)."""
     from sample import advance, new_episode
 
     def ask(state):
@@ -759,7 +615,7 @@ def play_human(policy, env_args, games=None):
             if text.isdigit() and int(text) in free:
                 return int(text)
             print("not a free cell, try again")
-    env = load_environment(**env_args, opponent=ask)
+    env = load(**env_args, opponent=ask)
     played = 0
     while games is None or played < games:
         ep = new_episode(env, env.examples(1, seed=random.randrange(2**31))[0])
@@ -776,13 +632,14 @@ def play_human(policy, env_args, games=None):
             return
 
 
-# ----------------------------------------------------------------------------- the speedrun's report and checks
+# ----------------------------------------------------------------------------- the speedrun's report
 
 def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args="",
-                 resumed=False):
+                 resumed=False, env="tictactoe"):
     """OUT/results.json, OUT/report.md and OUT/curves.png from the evaluations speedrun.sh (or speedrun_random_teacher.sh)
     wrote to OUT/eval/{teacher,sft,rl}/{optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT
-    teacher (minimax with random-move probability teacher_p, or a rules teacher) and the other arguments name the run's recipe."""
+    teacher (minimax with random-move probability teacher_p, or a rules teacher) and the other arguments name the run's recipe;
+    env: the environment its commands ran (--env, where not tictactoe)."""
     import platform
 
     import torch
@@ -832,9 +689,10 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
               if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
     nl = "\n"
+    env_flag = "" if env == "tictactoe" else f" --env {env}"  # the environment its commands ran
     drawn = plot_curves([(d, os.path.join(out, d, "metrics.jsonl")) for d, *_ in stages], os.path.join(out, "curves.png"), CERTIFY_CURVES)
     metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d, *_ in stages)
-    rl_commands = "".join(f"    python rl.py --model {out}/{start} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
+    rl_commands = "".join(f"    python rl.py --model {out}/{start}{env_flag} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
     report = f"""# speedrun report
 
 Machine: {res['machine']}. {f"Wall time{' of this resumed invocation alone (RESUME=1; earlier ones not counted)' if resumed else ''}: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s" if times else "Wall time: not given (--times)"}.
@@ -856,8 +714,8 @@ probability (the games above sample them, 200 to about 2 points).
 {nl.join(shown)}
 
 ## Commands
-    python sft.py --model scratch {teacher_flags} {sft_args} --out {out}/sft
-{rl_commands}    python eval.py --model MODEL --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
+    python sft.py --model scratch{env_flag} {teacher_flags} {sft_args} --out {out}/sft
+{rl_commands}    python eval.py --model MODEL{env_flag} --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn else "none drawn (matplotlib is not installed)"}; the metrics: {metrics}
 """
@@ -866,64 +724,40 @@ Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn
     print(report)
 
 
-def puzzle_learnt(metrics_path, until):
-    """Whether the solver's reward (reward_optimal) of an rl.py run averages `until` over its last 10 steps (the block
-    stage of speedrun_random_teacher.sh PUZZLE_UNTIL); says what it found."""
-    rows = [json.loads(line) for line in open(metrics_path)]
-    last = [r["reward_optimal"] for r in rows if "reward_optimal" in r][-10:]
-    mean = sum(last) / max(len(last), 1)
-    print(f"the block stage at step {rows[-1]['step'] if rows else 0}: solver reward {mean:.3f} over its last {len(last)} steps (until {until})")
-    return bool(last) and mean >= until
-
-
-def lost_lines(certificate_path):
-    """The lost lines of a certificate.json (speedrun_random_teacher.sh: the third stage's best); says how many."""
-    lost = json.load(open(certificate_path))["lines_lost"]
-    print(f"the third stage's best certificate: {lost} lost lines")
-    return lost
-
-
 def main():
     import argparse
-    import sys
 
-    from common import parse_env_args
+    from common import load_env, parse_env_args
     from policies import add_policy_args, policy_from_args
     p = add_policy_args(argparse.ArgumentParser(description="Play tic-tac-toe against a model in the terminal: the model is X, "
-                                                "you are O (--env_args as for the model's training). Or, loading no model, "
-                                                "the speedrun's report (--report) and checks (--puzzle_learnt, --lost_lines)."))
+                                                "you are O (--env and --env_args as for the model's training: tictactoe, "
+                                                "or tictactoe_lab). Or, loading no model, the speedrun's report (--report)."))
     p.set_defaults(temp=0.0)
-    r = p.add_argument_group("the speedrun's report and checks (speedrun.sh, speedrun_random_teacher.sh)")
+    r = p.add_argument_group("the speedrun's report (speedrun.sh, speedrun_random_teacher.sh)")
     r.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md, OUT/results.json and OUT/curves.png "
                    "(where matplotlib is installed) from the evaluations the speedrun left in OUT/eval; with --times, "
-                   "--teacher and --random_move_prob (the SFT teacher's), --sft_args, --rl_args (and the other stages' flags) "
-                   "and --env_args (the evaluation's) naming the run")
+                   "--teacher and --random_move_prob (the SFT teacher's), --sft_args, --rl_args (and the other stages' flags), "
+                   "--env and --env_args (the evaluation's) naming the run")
     r.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     r.add_argument("--resumed", action="store_true", help="--report: --times are those of a resumed run's last invocation alone (RESUME=1)")
-    r.add_argument("--teacher", choices=["minimax", *RULES_PLAYERS], default="minimax", help="--report: the SFT teacher: minimax "
-                   "with --random_move_prob (speedrun.sh), or rules / rules_wins / rules_then, random legal moves "
+    r.add_argument("--teacher", default="minimax", help="--report: the SFT teacher: minimax with --random_move_prob "
+                   "(speedrun.sh), or a teacher of random legal moves, tictactoe_lab's rules, rules_wins or rules_then "
                    "(speedrun_random_teacher.sh TEACHER)")
     r.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
     r.add_argument("--rl_args", default="", help="--report: the flags the run gave rl.py (its main RL stage)")
     r.add_argument("--puzzle_args", default="", help="--report: the flags of an RL stage on puzzles before it, if any (PUZZLE_STEPS)")
     r.add_argument("--polish_args", default="", help="--report: the flags of an RL stage after it, if any (POLISH_STEPS)")
     r.add_argument("--wins_args", default="", help="--report: the flags of a fourth RL stage from the third's best weights, if any (WINS_STEPS)")
-    r.add_argument("--puzzle_learnt", nargs=2, default=None, metavar=("METRICS", "UNTIL"), help="exit 0 if the solver reward "
-                   "(reward_optimal) averages at least UNTIL over the last 10 steps of METRICS (an rl.py metrics.jsonl), else 1")
-    r.add_argument("--lost_lines", default=None, metavar="CERT", help="exit 0 if the certificate CERT (a certificate.json) "
-                   "loses a line, else 1")
     args = p.parse_args()
     if args.report:
         return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args,
-                            args.env_args, args.puzzle_args, args.polish_args, args.wins_args, args.resumed)
-    if args.puzzle_learnt:
-        metrics, until = args.puzzle_learnt
-        sys.exit(0 if puzzle_learnt(metrics, float(until)) else 1)
-    if args.lost_lines:
-        sys.exit(0 if lost_lines(args.lost_lines) > 0 else 1)
+                            args.env_args, args.puzzle_args, args.polish_args, args.wins_args, args.resumed, args.env)
+    # the model's environment: the game, or a variant built on it (--env tictactoe_lab: show_wins and the like); a bad
+    # option stops here, in one line
+    env_args = parse_env_args(args.env_args)
+    env = load_env(args.env, env_args)
     try:
-        env_args = parse_env_args(args.env_args)
-        play_human(policy_from_args(args, load_environment(**env_args)), env_args)
+        play_human(policy_from_args(args, env), env_args, load=importlib.import_module(f"env_{args.env}").load_environment)
     except (EOFError, KeyboardInterrupt):
         print("\nbye")
 

@@ -136,6 +136,7 @@ def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=1
                 api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True,
                 engine="auto"):
     """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
+    # the common scripted players' names go to the environment, which says which players it has if not that one
     if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
         return ScriptedPolicy(env, model, random_move_prob)
     if api_base:

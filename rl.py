@@ -32,8 +32,8 @@ from collections import Counter
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume,
-                    disk_full_says_what_is_kept, finish_save, load_env, load_model, log_eval, log_line, lr_at,
+from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags, checkpoint_to_resume,
+                    disk_full_says_what_is_kept, finish_save, load_env, load_model, lr_at,
                     non_negative, out_of_memory_says, pad_batch, parse_env_args, positive, save_checkpoint, save_run,
                     start_or_resume, start_run, token_logprobs, token_microbatches, train_autocast)
 from engine import compile_layers, compiled_layers, enable_grad_ckpt
@@ -154,7 +154,7 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                         logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
                     old_logp = torch.cat([before[i][0] for i in micro]) if several_steps else logp.detach()
                     ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
-                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, args.eps_low, args.eps_high, ref_logp, args.beta)
+                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, None, args.eps_high, ref_logp, args.beta)
                     loss.backward()
                     total_loss += loss.item()
                     # logp_mismatch: how far the trainer's logprobs (before any update) are from the sampler's
@@ -188,8 +188,8 @@ class Exploiter:
     environment's exploit_stop ends the run at a verdict with nothing to replay. Under torchrun rank 0 judges."""
     KEYS = ("exploit_lines", "exploit_step", "exploit_best")  # its state, saved and resumed with the trainer's
 
-    def __init__(self, env, every, out, rank, metrics_path, resume):
-        self.env, self.every, self.best_dir, self.rank, self.metrics_path = env, every, out.rstrip("/") + "_best", rank, metrics_path
+    def __init__(self, env, every, out, rank, log, resume):
+        self.env, self.every, self.best_dir, self.rank, self.log = env, every, out.rstrip("/") + "_best", rank, log
         self.replays, self.step, self.best, self.stop = None, None, None, getattr(env, "exploit_stop", False)
         if every and not hasattr(env, "exploit"):
             raise SystemExit("--exploit needs an environment with an exploit() hook (tictactoe)")
@@ -205,7 +205,7 @@ class Exploiter:
             model.eval()
             if self.rank == 0:
                 t0, (summary, key, found) = time.time(), self.env.exploit(policy)
-                log_line(step, {**{f"certify_{k}": v for k, v in summary.items()}, "certify_s": time.time() - t0}, self.metrics_path)
+                self.log(step, {**{f"certify_{k}": v for k, v in summary.items()}, "certify_s": time.time() - t0})
                 if self.best is None or list(key) <= self.best["key"]:
                     self.best = {"key": list(key), "step": step}
                     save_checkpoint(model, tokenizer, self.best_dir, {"step": step}, {"certificate.json": {"step": step, **summary}})
@@ -239,7 +239,6 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=200, help="RL steps")
     p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")
     p.add_argument("--loss_agg", choices=["token", "sequence"], default="token", help="token: DAPO/CISPO averaging over the batch; sequence: GRPO per-episode mean")
-    p.add_argument("--eps_low", type=float, default=None, help="lower clip 1-eps_low (grpo default 0.2; cispo: none unless set)")
     p.add_argument("--eps_high", type=float, default=0.2, help="upper clip 1+eps_high (0.28 = DAPO clip-higher)")
     p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the frozen initial model (0: no reference loaded)")
     p.add_argument("--scale_rewards", choices=["none", "group"], default="none", help="group: divide advantages by the group's reward std")
@@ -254,7 +253,7 @@ def parse_args(argv=None):
                        "batch": (lambda b: b >= 1 and b % max(args.group, 1) == 0, f"a positive multiple of --group {args.group}"),
                        "group": (at_least(2), ">= 2: the advantage compares rollouts of the same example"), "eps_high": finite,
                        "temp": (positive, "a finite number > 0: the loss divides the logits by it"), "beta": finite,
-                       "eps_low": (lambda x: x is None or (non_negative(x) and x < 1), "in [0, 1)"), "steps": (at_least(0), ">= 0"),
+                       "steps": (at_least(0), ">= 0"),
                        "gen_batch": (at_least(1), ">= 1"), "ppo_epochs": (at_least(1), ">= 1"),
                        "minibatch": (at_least(0), ">= 0 (0: the whole batch)"), "exploit": (at_least(0), ">= 0 (0: off)")})
     return args
@@ -266,13 +265,13 @@ def main():
     rank, world, device = start_run(args)  # under torchrun, rank 0 alone prints and writes files
     os.makedirs(args.out, exist_ok=True)
     resume = checkpoint_to_resume(args, rank)
-    metrics_path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
+    log = RunLog(args, rank)
 
     # the environment (one difficulty bucket per example of a step, where it has num_groups), model and optimizer
     env_args, n_examples = parse_env_args(args.env_args), args.batch // args.group
     first, end = my_share(n_examples, args.group, rank, world)  # under torchrun: this rank's examples of each step
     env = load_env(args.env, env_args, defaults={"num_groups": n_examples})
-    exploiter = Exploiter(env, args.exploit, args.out, rank, metrics_path, resume)
+    exploiter = Exploiter(env, args.exploit, args.out, rank, log, resume)
     model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
     enable_grad_ckpt(model, args.grad_ckpt, device)
@@ -294,7 +293,7 @@ def main():
     def run_eval():
         model.eval()
         evals = evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed, args.out)
-        log_eval(step, evals, metrics_path)
+        log.evals(step, evals)
         print("\n".join(show(recs[0]) for _, recs in evals.values()))
 
     if resume and (step >= args.steps or exploiter.stop and exploiter.replays == [] and exploiter.step == step):  # all done
@@ -328,7 +327,7 @@ def main():
                  gen_tokens_per_s=sum(s[2] for s in shares) / t_gen, train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
                  step_time=time.time() - t0, skipped_updates=stats["skipped"], **({"kl": stats["kl"]} if ref_model else {}),
                  **({"peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30} if device.startswith("cuda") else {}))
-        log_line(step, m, metrics_path)
+        log(step, m)
         if bad_steps >= MAX_BAD_STEPS:
             raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good checkpoint is in {args.out}; "
                              "lower --lr, or check the model's dtype.")
@@ -342,6 +341,7 @@ def main():
         run_eval()
     save()
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
+    log.close()
     stop_ranks()
 
 

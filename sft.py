@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, add_train_args, at_least, check_flags, checkpoint_to_resume,
-                    disk_full_says_what_is_kept, load_env, load_model, log_eval, log_line, lr_at, non_negative,
+from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags, checkpoint_to_resume,
+                    disk_full_says_what_is_kept, load_env, load_model, lr_at, non_negative,
                     pad_batch, parse_env_args, positive, samples_when_served, save_run, start_or_resume, start_run,
                     token_logprobs, token_microbatches, train_autocast)
 from engine import enable_grad_ckpt
@@ -45,23 +45,22 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
 
 
 def keep_game(rec, keep):
-    m = rec.get("metrics", {})
+    """--keep: all; reward>=X; or METRIC=VALUE,...: each named metric of the game equals VALUE (a metric the
+    environment does not report passes), e.g. format=1,loss=0: well-formed and not lost (tic-tac-toe's, the default)."""
     if keep == "all":
         return True
-    well_formed = m.get("format", 1.0) == 1.0
-    if keep == "not_lost":
-        return well_formed and not m.get("loss", 0.0)
-    if keep == "won":
-        return well_formed and m.get("win", 0.0) == 1.0
-    return rec["reward"] >= float(keep.split(">=")[1])  # reward>=X, checked by keep_rule_is_valid
+    if keep.startswith("reward>="):
+        return rec["reward"] >= float(keep[len("reward>="):])
+    metrics = rec.get("metrics", {})
+    return all(metrics.get(name, float(value)) == float(value) for name, value in (rule.split("=") for rule in keep.split(",")))
 
 
 def keep_rule_is_valid(keep):
-    if keep in ("all", "not_lost", "won"):
-        return True
     try:
-        return keep.startswith("reward>=") and math.isfinite(float(keep.split(">=")[1]))
-    except ValueError:
+        if keep.startswith("reward>="):
+            return math.isfinite(float(keep[len("reward>="):]))
+        return keep == "all" or all(name and math.isfinite(float(value)) for name, value in (rule.split("=") for rule in keep.split(",")))
+    except ValueError:  # not a number, or not NAME=VALUE
         return False
 
 
@@ -82,9 +81,9 @@ def teacher_games(args, env):
         except RuntimeError as e:
             raise SystemExit(f"teacher failed after {len(games)} games (kept in {path}; reuse them with --data {path}): {e}")
     kept = [g for g in games if keep_game(g, args.keep)]
-    mix = {k: sum(g["metrics"].get(k, 0) for g in kept) for k in ("win", "draw", "loss")}
-    print(f"teacher {args.teacher}: {len(games)} games played, {len(kept)} kept ({args.keep}); kept mix: "
-          + ", ".join(f"{k} {int(v)}" for k, v in mix.items()))
+    means = {k: sum(g["metrics"][k] for g in kept) / len(kept) for k in (kept[0]["metrics"] if kept else {})}
+    print(f"teacher {args.teacher}: {len(games)} games played, {len(kept)} kept ({args.keep}); the kept games' mean "
+          + ", ".join(f"{k} {v:.3g}" for k, v in means.items()))
     return [g["messages"] for g in kept]
 
 
@@ -222,7 +221,9 @@ def parse_args(argv=None):
     add_api_args(p, "--teacher")
     p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
     p.add_argument("--n_games", type=int, default=12000, help="teacher games to play (scripted teachers are free; ~200 for an API teacher)")
-    p.add_argument("--keep", default="not_lost", help="filter: not_lost (and well-formed), won, all, or reward>=X")
+    p.add_argument("--keep", default="format=1,loss=0", help="the teacher games to train on: all, reward>=X, or METRIC=VALUE,... "
+                   "(each metric of the game equal to VALUE; one the environment lacks passes): format=1,loss=0 keeps the "
+                   "well-formed games not lost")
     p.add_argument("--data", default=None, help="train on this JSONL of {'messages': [...]} instead of playing teacher games")
     # scratch model
     p.add_argument("--vocab_size", type=int, default=512, help="scratch: BPE vocabulary size")
@@ -245,7 +246,7 @@ def parse_args(argv=None):
                        "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
                        "teacher_random_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
                        "teacher_temp": (non_negative, "a finite number >= 0 (0: greedy)"), "concurrency": (at_least(1), ">= 1"),
-                       "keep": (keep_rule_is_valid, "not_lost, won, all or reward>=X (X a number)"),
+                       "keep": (keep_rule_is_valid, "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
                        "vocab_size": (at_least(1), ">= 1"), "n_layers": (at_least(1), ">= 1"), "n_heads": (at_least(1), ">= 1"),
                        "d_model": (lambda d: d >= 1 and d % max(args.n_heads, 1) == 0, f"a positive multiple of --n_heads {args.n_heads}"),
                        "context_loss": (lambda x: x is None or non_negative(x), "a finite number >= 0")})
@@ -288,7 +289,7 @@ def main():
         return stop_ranks()
 
     # ---- loop
-    metrics_path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
+    log = RunLog(args, rank)
     results = {}
 
     def run_eval(step):
@@ -296,7 +297,7 @@ def main():
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64)
         evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n)
         results.update({name: s for name, (s, _) in evals.items()})
-        log_eval(step, evals, metrics_path)
+        log.evals(step, evals)
         model.train()
 
     def save(step):
@@ -326,7 +327,7 @@ def main():
         step += 1
         dt = time.time() - t0
         ctx = {"context_loss": ctx_sum / n_ctx} if n_ctx else {}
-        log_line(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm, "tokens_per_s": n_tok / dt, "step_time": dt}, metrics_path)
+        log(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm, "tokens_per_s": n_tok / dt, "step_time": dt})
         if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < total:
             run_eval(step)  # the other ranks wait for rank 0 at the next gradient all-reduce
         if args.save_every and step % args.save_every == 0 and step < total:
@@ -337,6 +338,7 @@ def main():
         run_eval(step)
     save(step)
     print(f"done in {time.time() - t_start:.0f}s: model saved to {args.out}")
+    log.close()
     stop_ranks()
 
 

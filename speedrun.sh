@@ -48,7 +48,7 @@ else
   RL="--batch 64 --group 8 --steps $RL_STEPS --lr 5e-5 --warmup 3 --temp 1.0 --max_new_tokens $MAX_NEW --eval_every 0 --eval_n 20 --save_every 15 --exploit $EXPLOIT"
   N_EVAL=${N_EVAL:-200}
 fi
-SFT="$SFT --keep not_lost --seed $SEED"
+SFT="$SFT --keep format=1,loss=0 --seed $SEED"
 RL="$RL --seed $SEED ${RL_FLAGS:-}"
 RESUME_FLAG=""; TEE="tee"
 if [ "${RESUME:-0}" = "1" ]; then RESUME_FLAG="--resume"; TEE="tee -a"; fi

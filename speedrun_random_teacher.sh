@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # speedrun.sh's pipeline from a teacher that plays a uniformly random legal move: SFT teaches the format and the
 # rules, RL has to find every bit of strategy (docs/RANDOM_TEACHER.md, docs/RESULTS.md).
+# Its environment is tictactoe_lab (env_tictactoe_lab.py): the game with the research options it uses (the rules
+# teachers, show_wins, puzzles, the extra rewards, exploration at the exploiter's replays).
 #
 #   TEACHER=rules_wins SHOW_WINS=true POLISH_STEPS=75 WINS_STEPS=300 bash speedrun_random_teacher.sh   # the recipe
 #   QUICK=1 ..., RESUME=1 ...     # as in speedrun.sh: a ~2-minute version; each stage going on from its checkpoint
@@ -126,7 +128,7 @@ SECONDS=0
 stamp() { echo "[speedrun ${SECONDS}s] $*"; }
 
 stamp "1-2. scratch model + SFT on the teacher (--teacher $TEACHER)"
-python sft.py --model scratch --teacher $TEACHER $SFT --env_args "$SFT_ENV" --out "$OUT/sft" $RESUME_FLAG | $TEE "$OUT/sft.log"
+python sft.py --model scratch --env tictactoe_lab --teacher $TEACHER $SFT --env_args "$SFT_ENV" --out "$OUT/sft" $RESUME_FLAG | $TEE "$OUT/sft.log"
 T_SFT=$SECONDS
 
 RL_FROM="$OUT/sft"
@@ -134,14 +136,14 @@ PUZZLE_RL=""
 if [ "$PUZZLE_STEPS" -gt 0 ]; then
   stamp "3a. RL on puzzles ($PUZZLE_KINDS) from the SFT model"
   PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
-  python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
+  python rl.py --model "$OUT/sft" --env tictactoe_lab $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" $RESUME_FLAG | $TEE "$OUT/rl_puzzles.log"
   # PUZZLE_UNTIL: resumed 10 steps at a time until the solver's reward averages PUZZLE_UNTIL over its last 10 steps
   # (a resume goes on exactly where it stopped)
   while [ "$PUZZLE_UNTIL" != "0" ] && [ "$PUZZLE_STEPS" -lt "$PUZZLE_MAX_STEPS" ] \
-      && ! python env_tictactoe.py --puzzle_learnt "$OUT/rl_puzzles/metrics.jsonl" "$PUZZLE_UNTIL"; do
+      && ! python env_tictactoe_lab.py --puzzle_learnt "$OUT/rl_puzzles/metrics.jsonl" "$PUZZLE_UNTIL"; do
     PUZZLE_STEPS=$((PUZZLE_STEPS + 10 < PUZZLE_MAX_STEPS ? PUZZLE_STEPS + 10 : PUZZLE_MAX_STEPS))
     PUZZLE_RL="$RL --steps $PUZZLE_STEPS --exploit 0 --batch $PUZZLE_BATCH"
-    python rl.py --model "$OUT/sft" $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" --resume | tee -a "$OUT/rl_puzzles.log"
+    python rl.py --model "$OUT/sft" --env tictactoe_lab $PUZZLE_RL --env_args "$PUZZLE_ENV" --out "$OUT/rl_puzzles" --resume | tee -a "$OUT/rl_puzzles.log"
   done
   RL_FROM="$OUT/rl_puzzles"
 fi
@@ -149,7 +151,7 @@ fi
 rl_stage() {  # rl.py from model $1 with flags $2 and environment $3 into OUT/$4, its log OUT/$4.log
   # an earlier run's best weights (--exploit's OUT/$4_best) must not stand in for this run's (a resumed run's are its own)
   if [ -z "$RESUME_FLAG" ]; then rm -rf "$OUT/$4_best"; fi
-  python rl.py --model "$1" $2 --env_args "$3" --out "$OUT/$4" $RESUME_FLAG | $TEE "$OUT/$4.log"
+  python rl.py --model "$1" --env tictactoe_lab $2 --env_args "$3" --out "$OUT/$4" $RESUME_FLAG | $TEE "$OUT/$4.log"
 }
 stamp "3. RL from $RL_FROM"
 rl_stage "$RL_FROM" "$RL_MAIN" "$RL_ENV" rl
@@ -162,7 +164,7 @@ if [ "$POLISH_STEPS" -gt 0 ]; then
   RL_FINAL="rl_polish"
 fi
 WINS_RL=""
-if [ "$WINS_STEPS" -gt 0 ] && python env_tictactoe.py --lost_lines "$OUT/rl_polish_best/certificate.json"; then
+if [ "$WINS_STEPS" -gt 0 ] && python env_tictactoe_lab.py --lost_lines "$OUT/rl_polish_best/certificate.json"; then
   WINS_RL="$RL_MAIN --steps $WINS_STEPS --exploit 5"
   stamp "3c. RL from $OUT/rl_polish_best: the third stage again, win puzzles among its puzzles"
   rl_stage "$OUT/rl_polish_best" "$WINS_RL" "$WINS_ENV" rl_wins
@@ -173,15 +175,15 @@ T_RL=$((SECONDS - T_SFT))
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 # one eval.py per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify (its progress lines left out)
 EVAL="--opponent optimal random --certify -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
-python eval.py --model $TEACHER $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/teacher" | grep -v "^certify: "
-python eval.py --model "$OUT/sft" $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/sft" | grep -v "^certify: "
+python eval.py --model $TEACHER --env tictactoe_lab $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/teacher" | grep -v "^certify: "
+python eval.py --model "$OUT/sft" --env tictactoe_lab $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/sft" | grep -v "^certify: "
 # the RL model: the last RL stage's, the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)
 RL_MODEL="$OUT/$RL_FINAL"; if [ -d "$RL_MODEL"_best ]; then RL_MODEL="$RL_MODEL"_best; fi
-python eval.py --model "$RL_MODEL" $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/rl" | grep -v "^certify: "
+python eval.py --model "$RL_MODEL" --env tictactoe_lab $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/rl" | grep -v "^certify: "
 T_ALL=$SECONDS
 
 stamp "5. report"
-python env_tictactoe.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --teacher "$TEACHER" \
+python env_tictactoe.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --env tictactoe_lab --teacher "$TEACHER" \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL_MAIN --env_args '$RL_ENV'" --env_args "$ENV" \
   ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"} ${POLISH_RL:+--polish_args "$POLISH_RL --env_args '$POLISH_ENV'"} \
   ${WINS_RL:+--wins_args "$WINS_RL --env_args '$WINS_ENV'"}

@@ -23,7 +23,7 @@ import common  # noqa: E402
 
 # the numeric flags of each script, and those where 0 is a valid value (it then means "off", "greedy" or "default")
 NUMERIC = {
-    "rl": ["--batch", "--group", "--temp", "--max_new_tokens", "--gen_batch", "--steps", "--eps_low", "--eps_high",
+    "rl": ["--batch", "--group", "--temp", "--max_new_tokens", "--gen_batch", "--steps", "--eps_high",
            "--beta", "--ppo_epochs", "--minibatch", "--exploit", "--lr", "--warmup", "--token_budget", "--eval_every",
            "--eval_n", "--save_every"],
     "sft": ["--teacher_random_prob", "--teacher_temp", "--concurrency", "--max_new_tokens", "--n_games", "--vocab_size",
@@ -32,7 +32,7 @@ NUMERIC = {
     "eval": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n",
              "--rollouts", "--show"],
 }
-ZERO_IS_VALID = {"rl": {"--steps", "--eps_low", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
+ZERO_IS_VALID = {"rl": {"--steps", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
                         "--eval_every", "--save_every"},
                  "sft": {"--teacher_random_prob", "--teacher_temp", "--max_steps", "--context_loss", "--warmup",
                          "--eval_every", "--save_every"},
@@ -54,8 +54,9 @@ ENV_ARGS = [  # (--env, --env_args, message)
     ("tictactoe", '{"max_random_move_prob": NaN}', "max_random_move_prob=nan: must be a probability in [0, 1]"),
     ("tictactoe", '{"show_cells": 1}', "show_cells=1: must be true or false"),
     ("tictactoe", '{"invalid_penalty": -1}', "invalid_penalty=-1: must be a number >= 0"),
-    ("tictactoe", '{"loss_penalty": -1}', "loss_penalty=-1: must be a number >= 0"),
-    ("tictactoe", '{"optimal_reward": "high"}', "optimal_reward='high': must be a number >= 0"),
+    ("tictactoe", '{"puzzles": 0.5}', "puzzles is an option of tictactoe_lab (env_tictactoe_lab.py): --env tictactoe_lab"),
+    ("tictactoe_lab", '{"loss_penalty": -1}', "loss_penalty=-1: must be a number >= 0"),
+    ("tictactoe_lab", '{"optimal_reward": "high"}', "optimal_reward='high': must be a number >= 0"),
     ("reverse", '{"min_words": true}', "min_words=True, max_words=12: need integers"),
     ("reverse", '{"min_words": 0}', "min_words=0, max_words=12: need integers with 1 <= min_words"),
     ("reverse", '{"max_words": "x"}', "max_words='x': need integers"),
@@ -87,7 +88,7 @@ def cases():
         yield script, ["--model", "{file}"], "could not load model"
     yield "eval", ["--model", "random", "--env", "reverse"], "unknown scripted player 'random' for reverse: use 'oracle'"
     yield "sft", ["--teacher", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
-    yield "sft", ["--keep", "reward>=abc"], "--keep reward>=abc: must be not_lost, won, all or reward>=X"
+    yield "sft", ["--keep", "reward>=abc"], "--keep reward>=abc: must be all, reward>=X or METRIC=VALUE,..."
     yield "sft", ["--keep", "best"], "--keep best: must be"
     yield "sft", ["--d_model", "30", "--n_heads", "4"], "--d_model 30: must be a positive multiple of --n_heads 4"
     yield "sft", ["--data", "{tmp}/no_such.jsonl"], "does not exist"
@@ -173,7 +174,7 @@ def test_the_default_model_missing_fails_at_once_naming_the_command(monkeypatch,
 
 def test_good_values_pass(monkeypatch):
     import rl
-    rl.parse_args(["--device", "cuda:1", "--eps_low", "0.2", "--temp", "1.1", "--steps", "0"])
+    rl.parse_args(["--device", "cuda:1", "--eps_high", "0.28", "--temp", "1.1", "--steps", "0"])
 
 
 def test_full_disk_in_eval_keeps_finished_rows_and_says_what_to_do(monkeypatch, tmp_path):

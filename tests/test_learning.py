@@ -111,7 +111,7 @@ def hand_batch():
 
 
 def make_args(**kw):
-    base = dict(loss="cispo", loss_agg="token", eps_low=None, eps_high=0.2, beta=0.0, ppo_epochs=1, minibatch=0,
+    base = dict(loss="cispo", loss_agg="token", eps_high=0.2, beta=0.0, ppo_epochs=1, minibatch=0,
                 token_budget=1 << 20, temp=0.8)
     return SimpleNamespace(**{**base, **kw})
 
@@ -157,7 +157,7 @@ def reference_grads(model, records, adv, weights, episodes, args, old=None, ref_
         if args.loss == "cispo":
             per = -torch.clamp(r, max=1 + args.eps_high).detach() * a * logp
         else:
-            lo = 1 - (0.2 if args.eps_low is None else args.eps_low)
+            lo = 1 - 0.2  # grpo's lower clip (rl.py sets no other)
             per = -torch.min(r * a, torch.clamp(r, lo, 1 + args.eps_high) * a)
         if args.beta:
             with torch.no_grad():

@@ -22,9 +22,9 @@ def close(a, b):
 def test_a_replay_replaces_its_example_but_its_seed():
     """--exploit: a replayed line takes the place of one of the step's examples, keeping only its seed, so nothing of a
     puzzle's start (its position, its turn limit) is left in the replay."""
-    import env_tictactoe as ttt
+    import env_tictactoe_lab as lab
     from rl import Exploiter
-    env = ttt.load_environment(puzzles=1.0)
+    env = lab.load_environment(puzzles=1.0)
     replay = {"model_first": True, "replies": {}, "random_move_prob": 0.0}
     plain = env.examples(4, seed=0)
     exploiter = Exploiter(env, 1, "/tmp/unused", 0, None, resume=False)
@@ -293,7 +293,7 @@ def test_a_finished_exploit_run_extended_logs_its_last_certificate_once(tiny_mod
 
 
 def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_dir, tmp_path, monkeypatch):
-    """exploit_stop (the environment's): once a certificate finds no mistake to replay the run stops there, that certificate logged
+    """exploit_stop (tictactoe_lab's): once a certificate finds no mistake to replay the run stops there, that certificate logged
     once, its weights the best and the final checkpoint's; --resume then has nothing to do."""
     import env_tictactoe as ttt
     real, calls = ttt.TicTacToe.exploit, []
@@ -304,7 +304,7 @@ def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_
         return (summary, (0, 0), []) if len(calls) == 3 else (summary, key, found)
     monkeypatch.setattr(ttt.TicTacToe, "exploit", perfect_at_the_third)
     out = str(tmp_path / "stop")
-    extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3, "exploit_stop": true}', "--exploit", "1"]
+    extra = ["--env", "tictactoe_lab", "--env_args", '{"max_turns": 3, "exploit_stop": true}', "--exploit", "1"]
     said = run_rl(tiny_model_dir, out, 4, extra, env_dir=str(tmp_path))
     assert "exploit_stop: the verdict at step 2 finds nothing to replay: stopping" in said
     assert [r["step"] for r in train_lines(out)] == [1, 2]
@@ -318,14 +318,15 @@ def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_
     assert "holds the final checkpoint (step 2, --steps 4): nothing to do" in said
     assert open(os.path.join(out, "metrics.jsonl")).read() == rows and len(calls) == 3
     with pytest.raises(SystemExit, match="give --exploit N too"):
-        run_rl(tiny_model_dir, str(tmp_path / "no"), 1, ["--env", "tictactoe", "--env_args", '{"exploit_stop": true}'], env_dir=str(tmp_path))
+        run_rl(tiny_model_dir, str(tmp_path / "no"), 1, ["--env", "tictactoe_lab", "--env_args", '{"exploit_stop": true}'], env_dir=str(tmp_path))
 
 
 def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_path, monkeypatch):
-    """--exploit with tic-tac-toe's replay_explore: in each step's replayed example (the random tiny model errs on
+    """--exploit with tictactoe_lab's replay_explore: in each step's replayed example (the random tiny model errs on
     every line), the odd rollouts play a scripted move at the mistake, recorded as the model's tokens (mask 1) and
     given an advantage like any sampled reply; the other example's rollouts all sample."""
     import env_tictactoe as ttt
+    import env_tictactoe_lab as lab
     import rl
     real, seen = rl.sample_rollouts, []
 
@@ -336,7 +337,7 @@ def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_pat
     monkeypatch.setattr(rl, "sample_rollouts", spy)
     run_main("rl", ["--model", tiny_model_dir, "--batch", "8", "--group", "4", "--steps", "2", "--max_new_tokens", "60",
                     "--eval_every", "0", "--eval_n", "2", "--out", str(tmp_path / "rl"), "--device", "cpu", "--exploit", "1",
-                    "--env_args", '{"max_turns": 2, "replay_explore": "rules"}'])
+                    "--env", "tictactoe_lab", "--env_args", '{"max_turns": 2, "replay_explore": "rules"}'])
     assert len(seen) == 2
     for records in seen:
         replayed, other = records[:4], records[4:]
@@ -344,7 +345,7 @@ def test_exploit_with_replay_explore_trains_forced_moves(tiny_model_dir, tmp_pat
         assert board.count("X") == 0  # the mistake of the line replayed is the model's first move: its first reply
         for r in replayed:
             reply = r["messages"][2]["content"]
-            forced = ttt.scripted_reply("rules", board, ttt.parse_move(reply, board)[0]) if r["rollout"] % 2 else None
+            forced = lab.scripted_reply("rules", board, ttt.parse_move(reply, board)[0]) if r["rollout"] % 2 else None
             assert (reply == forced) == bool(r["rollout"] % 2)
             assert sum(r["mask"]) > 0
         assert not any("explore" in r["example"] for r in other)
@@ -539,3 +540,25 @@ def test_grad_ckpt_and_compile_auto_are_on_for_big_models_on_a_gpu(tiny_model_di
     (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     monkeypatch.setattr(engine, "GRAD_CKPT_AUTO_PARAMS", n + 1)
     assert engine.enable_grad_ckpt(model, "on", "cpu") and checkpointing()
+
+
+def test_report_to_trackio_logs_every_metrics_line(tiny_model_dir, tmp_path):
+    """--report_to trackio: every line of metrics.jsonl, the same step and numbers, lands in trackio's local store
+    (TRACKIO_DIR), the run named by --out; nothing leaves the machine."""
+    import subprocess
+    import sys
+    pytest.importorskip("trackio")
+    root, out = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), str(tmp_path / "rl")
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "rl.py", "--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "2",
+                          "--max_new_tokens", "4", "--eval_every", "0", "--eval_n", "1", "--device", "cpu", "--out", out,
+                          "--report_to", "trackio"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    read = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
+            "print(json.dumps(S.get_logs(project='nanorlenv', run=sys.argv[1])))")
+    logs = json.loads(subprocess.run([sys.executable, "-c", read, os.path.normpath(out)], env=env, capture_output=True,
+                                     text=True, timeout=120).stdout)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(logs) == len(rows) == 4  # two steps, then the final evaluation's two settings
+    for got, row in zip(logs, rows):
+        assert {k: got[k] for k in row} == row

@@ -20,7 +20,7 @@ def test_recorded_arguments_give_the_same_arguments_back():
             "--batch", "384", "--steps", "60", "--lr", "2e-4", "--eps_high", "0.28", "--exploit", "5", "--resume",
             "--out", "out/x/rl_puzzles"]
     recorded = json.loads(json.dumps(vars(rl.parse_args(argv))))  # as rl.py writes it
-    assert recorded["eps_low"] is None and recorded["resume"] is True
+    assert recorded["report_to"] == "none" and recorded["resume"] is True
     again = vars(rl.parse_args(stage_times.argv_of(recorded, steps=5)))
     assert again == {**recorded, "steps": 5, "resume": False}
     # eval.py's one-letter flag, its opponent list and its --certify

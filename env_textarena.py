@@ -1,0 +1,297 @@
+"""
+TextArena's single-player games (https://github.com/LeonGuertler/TextArena) as an environment: an optional extra,
+`pip install textarena==0.7.4` (never needed to train on our own environments).
+
+    python eval.py --env textarena --env_args '{"game": "GuessTheNumber-v0"}' --model bisect -n 50 --show 1
+    python eval.py --env textarena --env_args '{"game": "TowerOfHanoi-v0"}' --model hanoi -n 50
+    python rl.py --env textarena --env_args '{"game": "GuessTheNumber-v0"}' --model Qwen/Qwen3-0.6B --out out/gtn
+    python eval.py --env textarena --env_args '{"game": "Sudoku-v0-easy", "max_turns": 60}' --model out/gtn -n 50
+
+An episode is one game of `game` (a registered id without its "-raw"/"-train" suffix: the game itself is always
+played unwrapped), started with the example's seed. The first user message is the game's prompt and board, each
+of the game's messages on a line "[GAME] ..." as TextArena's LLMObservationWrapper writes them; every later message
+is only what the game said since the model's last reply (the chat already holds the rest; the game's echo of the
+model's own move is left out). A reply is untrusted text: its last MAX_REPLY_CHARS characters go to the game (as
+TextArena's ClipCharactersActionWrapper clips), and a library error on it ends the episode as a loss, never a crash.
+
+Rewards: `game` (weight 1), the game's own result from env.close(): 1 for a win/solve, else the game's own partial
+score or penalty, in [-1, 1] (0 for a game cut off at max_turns; -1, TextArena's invalid-move penalty, where the
+library raised or gave a reward that is not a number); `format` (0.1): the share of replies that hold the game's
+action format as its prompt shows it (FAMILIES: `[12]` for GuessTheNumber, `[A C]` for TowerOfHanoi). Metrics: `win`
+(the full reward 1), `finished` (the game ended by itself), `n_invalid` (moves the game called invalid: TextArena
+allows one retry, a second invalid move in a row ends the game), `n_turns`, `format`. max_turns: (the game's own turn
+limit + 1) x 2, the most replies a game can take (the games check the limit before counting the turn, and every turn
+may take an invalid move and its retry), or 100 for a game without a limit; the `max_turns` argument overrides it.
+
+TextArena draws from Python's process-global `random` (and its states call random.seed(seed) at reset): an episode
+keeps its own random state, seeded by the example's seed, swapped into the global `random` around every call into
+the library and swapped out after, so interleaved episodes play exactly as each alone and the caller's `random`
+is left as it was. The rollouts of one example play the same game (the same draws for the same moves).
+copy.deepcopy(state) works: the copy, live game and random state included, goes on apart from the original.
+
+Scripted players: `bisect` (GuessTheNumber: halves the range it reads from the game's "higher"/"lower" messages)
+and `hanoi` (TowerOfHanoi: the optimal move from the board it reads). docs/TEXTARENA.md: the game list, results.
+"""
+import contextlib
+import io
+import math
+import random
+import re
+
+import textarena as ta
+from textarena.core import ObservationType
+from textarena.envs.registration import ENV_REGISTRY
+
+MAX_REPLY_CHARS = 4000  # the reply's tail that reaches the game (int() of more than 4,300 digits raises)
+NO_LIMIT_TURNS = 100  # max_turns of a game without a turn limit of its own
+LOSS = -1.0  # `game` where the library raised or its reward is not a number: TextArena's invalid-move penalty
+
+# family (the package under textarena.envs) -> (the action format its prompt shows, as the game finds it: anywhere in
+# the reply, or the whole stripped reply for the games that fullmatch; an example for the system prompt). Every game
+# of these families was made, reset, stepped and closed here (tests/test_env_textarena.py, docs/TEXTARENA.md).
+FAMILIES = {
+    "Game2048": (r"\[\s*(?:up|down|left|right|w|a|s|d)\s*\]", False, "[up]"),
+    "Bandit": (r"\[[a-z]+\]", False, "[red]"),
+    "Blackjack": (r"\[(?:hit|stand)\]", False, "[hit]"),
+    "Countdown": (r"\[\s*\d+\s+\d+\s*[-+*/]\s*\]", True, "[0 2 *]"),
+    "Crosswords": (r"\[\d+\s\d+\s[a-zA-Z]\]", False, "[0 0 d]"),
+    "Cryptarithm": (r"\[\s*[A-Za-z]\s+\d\s*\]", True, "[A 5]"),
+    "FifteenPuzzle": (r"\[(?:up|down|left|right)\]", False, "[up]"),
+    "FrozenLake": (r"\[\s*(?:up|down|left|right|w|a|s|d)\s*\]", False, "[up]"),
+    "GuessTheNumber": (r"\[\d+\]", False, "[12]"),
+    "LightsOut": (r"\[\d+\s+\d+\]", True, "[2 3]"),
+    "LogicPuzzle": (r"\[[a-zA-Z]+\s+[a-zA-Z]+\s+[XOxo]\]", False, "[Alice park X]"),
+    "Mastermind": (r"\[\d+(?:\s+\d+)*\]", False, "[1 2 3 4]"),
+    "Minesweeper": (r"\[\d+\s\d+\]", False, "[3 2]"),
+    "PegJump": (r"\[\d{1,2}\s*\d{1,2}\]", True, "[4 1]"),
+    "RushHour": (r"\[[A-Za-z][-+]\]", True, "[A+]"),
+    "Secretary": (r"\[(?:accept|continue)\]", True, "[continue]"),
+    "Set": (r"\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]", False, "[1, 4, 11]"),
+    "Slitherlink": (r"\[\s*[hv]\s+\d+\s+\d+\s*\]", True, "[h 0 1]"),
+    "Sokoban": (r"\[(?:up|down|left|right|w|a|s|d)\]", False, "[up]"),
+    "Sudoku": (r"\[\d+\s\d+\s\d+\]", False, "[1 2 5]"),
+    "ThreeCardMonte": (r"\[\s*\d+\s*\]", True, "[1]"),
+    "TowerOfHanoi": (r"\[[ABCabc]\s*,?\s*[ABCabc]\]", False, "[A C]"),
+}
+NLTK = "downloads nltk's corpora ('words') when its module is imported, and cannot run without them offline"
+REFUSED = {  # single-player families that do not run offline on Python 3.11, and why
+    "Hangman": NLTK, "WordLadder": NLTK, "Wordle": NLTK, "WordSearch": NLTK,
+    "GuessWho": "its game master is an LLM behind OpenRouter (network and OPENROUTER_API_KEY)",
+    "TwentyQuestions": "its game master is an LLM behind OpenRouter (network and OPENROUTER_API_KEY)",
+    "Klondike": "its source needs Python 3.12 (SyntaxError on 3.11)",
+    "UltimateTexasHoldem": "its source needs Python 3.12 (SyntaxError on 3.11)",
+}
+LOOSE_SUFFIXES = ("-raw", "-train")  # registered variants that differ only by wrappers
+
+
+def family(game_id):
+    """The package under textarena.envs of a registered id ("GuessTheNumber-v0" -> "GuessTheNumber"), or None."""
+    spec = ENV_REGISTRY.get(game_id)
+    entry = getattr(spec, "entry_point", None)
+    return entry.split(".")[2] if isinstance(entry, str) and entry.startswith("textarena.envs.") else None
+
+
+def games(families):
+    return [g for g in ENV_REGISTRY if family(g) in families and not g.endswith(LOOSE_SUFFIXES)]
+
+
+WORKING_GAMES = games(FAMILIES)
+REFUSED_GAMES = games(REFUSED)
+
+
+def as_text(reply):
+    """The reply as a string: str() of a non-string, "" where even that fails (str(10**5000) raises)."""
+    try:
+        return reply if isinstance(reply, str) else str(reply)
+    except Exception:
+        return ""
+
+
+@contextlib.contextmanager
+def own_random(state):
+    """Run the library with the episode's random state as the global one (the caller's is put back after) and its
+    prints (some games print while they generate a puzzle) swallowed."""
+    outer = random.getstate()
+    random.setstate(state["random"])
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        state["random"] = random.getstate()
+        random.setstate(outer)
+
+
+def game_lines(observation):
+    """The game's messages of a get_observation() list as "[GAME] ..." lines; the player's echoed moves are left out
+    (some games pass add_observation's arguments out of order: anything that is not a proper game message goes)."""
+    lines = []
+    for entry in observation:
+        if len(entry) == 3 and isinstance(entry[2], ObservationType) and entry[2] != ObservationType.PLAYER_ACTION:
+            lines.append(f"[GAME] {entry[1]}")
+    return "\n".join(lines)
+
+
+def check_game(game):
+    """ValueError naming the reason unless `game` is a single-player game that runs offline here."""
+    if game in WORKING_GAMES:
+        return
+    works = f"the games that work offline here: {', '.join(WORKING_GAMES)}"
+    if not isinstance(game, str):
+        raise ValueError(f"game={game!r}: must be a TextArena game id, e.g. \"GuessTheNumber-v0\"; {works}")
+    if game.endswith(LOOSE_SUFFIXES) and game.rsplit("-", 1)[0] in WORKING_GAMES:
+        raise ValueError(f"game={game!r}: name the game without its wrapper suffix ({game.rsplit('-', 1)[0]!r}); this "
+                         "environment always plays the unwrapped game and formats its messages itself")
+    fam = family(game)
+    if fam in REFUSED:
+        raise ValueError(f"game={game!r} is refused: {fam} {REFUSED[fam]}; {works}")
+    if fam is not None:
+        raise ValueError(f"game={game!r} is not one of TextArena's single-player games; {works}")
+    raise ValueError(f"game={game!r} is not a registered TextArena game; {works}")
+
+
+class TextArena:
+    reward_weights = {"game": 1.0, "format": 0.1}
+
+    def __init__(self, game="GuessTheNumber-v0", max_turns=None):
+        check_game(game)
+        if max_turns is not None and not (isinstance(max_turns, int) and not isinstance(max_turns, bool) and max_turns >= 1):
+            raise ValueError(f"max_turns={max_turns!r}: must be a positive integer (or null: the game's own limit)")
+        self.game, self.family = game, family(game)
+        pattern, whole, example = FAMILIES[self.family]
+        self.format = re.compile(pattern, re.IGNORECASE)
+        self.format_whole = whole
+        probe, _ = self.reset({"seed": 0, "game": game})  # the game's own turn limit and invalid-move allowance
+        limit, allowance = probe["env"].state.max_turns, probe["env"].state.error_allowance
+        # the games check their limit before counting the turn (GuessTheNumber's 10 turns take 11 guesses), and every
+        # turn may take an invalid move and its retry
+        self.max_turns = max_turns or ((limit + 1) * (allowance + 1) if limit else NO_LIMIT_TURNS)
+        self.system_prompt = (f"You are playing {game}, a single-player TextArena game. The game's messages come as "
+                              "lines starting with [GAME]. Reply with your next move in the action format the game "
+                              f"asks for, for example {example}.")
+
+    def examples(self, n, seed=0):
+        """Rows {"seed", "game"}, deterministic given `seed`."""
+        rng = random.Random(seed)
+        return [{"seed": rng.randrange(2**31), "game": self.game} for _ in range(n)]
+
+    def reset(self, example):
+        if example.get("game", self.game) != self.game:
+            raise ValueError(f"an example of {example['game']!r} given to the {self.game!r} environment")
+        state = {"game": self.game, "seed": example["seed"], "random": random.Random(example["seed"]).getstate(),
+                 "turns": 0, "well_formed": 0, "invalid": 0, "done": False, "finished": False, "game_reward": None,
+                 "reason": None, "replies": [], "observations": []}
+        with own_random(state):
+            env = ta.make(self.game + "-raw")  # the registered game without wrappers
+            env.reset(num_players=1, seed=example["seed"])
+            first = game_lines(env.get_observation()[1])
+        state["env"] = env
+        state["observations"].append(first)
+        return state, first
+
+    def well_formed(self, text):
+        return (self.format.fullmatch(text.strip()) if self.format_whole else self.format.search(text)) is not None
+
+    def step(self, state, reply):
+        """The game's messages since the reply, or None when the game is over (later calls change nothing)."""
+        if state["done"]:
+            return None
+        text = as_text(reply)[-MAX_REPLY_CHARS:]
+        state["turns"] += 1
+        state["replies"].append(text)
+        state["well_formed"] += self.well_formed(text)
+        env, message = state["env"], None
+        try:
+            with own_random(state):
+                done, _ = env.step(text)
+                state["invalid"] += bool(env.state.error_count > 0 or (done and env.state.game_info[0].get("invalid_move")))
+                if done:
+                    rewards, info = env.close()
+                    value = (rewards or {}).get(0, 0.0)  # Countdown, Cryptarithm, Slitherlink: a string on an invalid end
+                    state["game_reward"] = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else LOSS
+                    state["reason"], state["finished"] = str(info[0].get("reason")), True
+                else:
+                    message = game_lines(env.get_observation()[1]) or "[GAME] Your move."
+        except Exception as e:  # a library error on untrusted text: the episode ends as a loss
+            done, state["game_reward"] = True, LOSS
+            state["reason"] = f"the library raised {type(e).__name__}: {str(e)[:200]}"
+        if not done and state["turns"] >= self.max_turns:
+            done, state["reason"] = True, f"cut off after max_turns={self.max_turns} replies"
+        state["done"] = done
+        if done:
+            return None
+        state["observations"].append(message)
+        return message
+
+    def game_reward(self, state):
+        return state["game_reward"] if state["game_reward"] is not None else 0.0
+
+    def rewards(self, state):
+        return {"game": self.game_reward(state), "format": state["well_formed"] / max(state["turns"], 1)}
+
+    def metrics(self, state):
+        return {"win": float(self.game_reward(state) >= 1.0), "finished": float(state["finished"]),
+                "n_invalid": state["invalid"], "n_turns": state["turns"],
+                "format": state["well_formed"] / max(state["turns"], 1)}
+
+    def describe(self, state):
+        return (f"{state['game']} seed {state['seed']}: {state['turns']} replies, {state['invalid']} invalid, "
+                f"game reward {self.game_reward(state):g} ({state['reason']})")
+
+    def scripted_player(self, name, random_move_prob=0.0):
+        """bisect (GuessTheNumber) and hanoi (TowerOfHanoi); random_move_prob: the chance of a random move instead
+        (a random number in the game's range; a random legal move), drawn from the example's seed and the turn."""
+        players = {"bisect": ("GuessTheNumber", bisect_move), "hanoi": ("TowerOfHanoi", hanoi_move)}
+        if name not in players or players[name][0] != self.family:
+            have = [p for p, (fam, _) in players.items() if fam == self.family]
+            raise ValueError(f"unknown scripted player {name!r} for textarena {self.game}: "
+                             + (f"use {have[0]!r}" if have else "it has none (bisect: GuessTheNumber, hanoi: TowerOfHanoi)"))
+        move = players[name][1]
+
+        def player(state):
+            rng = random.Random(state["seed"] * 1000 + state["turns"])
+            return move(state, rng if rng.random() < random_move_prob else None)
+        return player
+
+
+# ----------------------------------------------------------------------------- scripted players
+
+
+def bisect_move(state, rng=None):
+    """The middle of the range left by the game's "higher"/"lower" answers to the earlier guesses (rng: a random
+    number in the game's whole range instead)."""
+    lo, hi = map(int, re.search(r"between (\d+) and (\d+)", state["observations"][0]).groups())
+    if rng is not None:
+        return f"[{rng.randint(lo, hi)}]"
+    for reply, answer in zip(state["replies"], state["observations"][1:]):
+        guess = re.search(r"\[(\d+)\]", reply)
+        if guess and "The target number is higher" in answer:
+            lo = max(lo, int(guess.group(1)) + 1)
+        elif guess and "The target number is lower" in answer:
+            hi = min(hi, int(guess.group(1)) - 1)
+    return f"[{(lo + hi) // 2}]"
+
+
+def hanoi_move(state, rng=None):
+    """The optimal next move towards all disks on C from the last board the game showed (rng: a random legal move)."""
+    board = next(m for m in reversed(state["observations"]) if "Current Board:" in m)
+    board = board[board.rindex("Current Board:"):]
+    towers = {t: [int(d) for d in re.findall(r"\d+", re.search(rf"^{t}: \[(.*)\]", board, re.M).group(1))] for t in "ABC"}
+    if rng is not None:
+        legal = [(s, t) for s in "ABC" for t in "ABC" if s != t and towers[s] and (not towers[t] or towers[t][-1] > towers[s][-1])]
+        return "[{} {}]".format(*rng.choice(legal))
+    where = {d: t for t, disks in towers.items() for d in disks}
+
+    def move(disk, target):  # the first move of the optimal way to put disks 1..disk on target
+        if disk == 0:
+            return None
+        if where[disk] == target:
+            return move(disk - 1, target)
+        spare = ({"A", "B", "C"} - {where[disk], target}).pop()
+        return move(disk - 1, spare) or (where[disk], target)
+    return "[{} {}]".format(*(move(len(where), "C") or ("A", "C")))
+
+
+def load_environment(game="GuessTheNumber-v0", max_turns=None):
+    """game: a TextArena single-player game id that runs offline (docs/TEXTARENA.md lists them); max_turns: the most
+    replies in an episode (default: (the game's own turn limit + 1) x 2, or 100 for a game without one)."""
+    return TextArena(game, max_turns)
