@@ -85,10 +85,9 @@ LOCAL_PREFIXES = ("out/", "./", "../", "/", "~")  # paths that name a local dire
 
 
 def load_model(path, device="auto", train=False):
-    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling and
-    evaluation, fp32 on CPU and wherever the model is trained (train=True): an AdamW update at RL's learning rates
-    is smaller than bf16's rounding step for most weights and would be lost, so training keeps fp32 weights and runs
-    its forward under bf16 autocast."""
+    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling, fp32
+    on CPU and where the model is trained (train=True; its forward under bf16 autocast): an AdamW update at RL's
+    learning rates is smaller than bf16's rounding step for most weights and would be lost."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
@@ -351,9 +350,8 @@ def save_run(model, tokenizer, out, rank, trainer_state, extra_json):
 
 
 def checkpoint_to_resume(args, rank=0):
-    """True when --resume finds a checkpoint in DIR (and says so when it does not). A save that a crash interrupted
-    is finished first (finish_save, by rank 0 under torchrun, the others waiting), so the newest complete checkpoint
-    is the one resumed, whatever number of ranks wrote it."""
+    """True when --resume finds a checkpoint in DIR (and says so when not), a save that a crash interrupted finished
+    first (finish_save, by rank 0): the newest complete checkpoint is resumed, whatever number of ranks wrote it."""
     if args.resume and rank == 0:
         finish_save(args.out)
     if args.resume:
@@ -365,11 +363,9 @@ def checkpoint_to_resume(args, rank=0):
 
 
 def start_or_resume(args, opt, resume, rank=0):
-    """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint
-    and drop log lines written after it (they are redone). Returns the trainer state: its "step" is the step to
-    start from (0 for a fresh run), the rest what the script saved with it. Under torchrun every rank loads the
-    same state (the ranks' optimizers are identical, so one copy serves any number of ranks); rank 0 alone
-    touches the log."""
+    """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint and
+    drop the log lines written after it (they are redone); the trainer state, its "step" the step to start from.
+    Every rank loads the same state (the ranks' optimizers are identical); rank 0 alone touches the log."""
     state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
     if not resume:
         if os.path.exists(metrics_path) and rank == 0:
@@ -394,9 +390,8 @@ def start_or_resume(args, opt, resume, rank=0):
 
 
 def samples_when_served(model):
-    """Set the generation config that a server honouring it (transformers serve; vLLM's default) needs to sample the
-    way rl.py trains: do_sample on, no top-k cut, temperature and top-p from each request. Without do_sample such a
-    server decodes greedily at every temperature; temperature 0 stays greedy."""
+    """The generation config a server honouring it (transformers serve; vLLM's default) needs to sample as rl.py
+    trains: do_sample on (else it decodes greedily at every temperature), no top-k cut, temperature from each request."""
     g = model.generation_config
     g.do_sample, g.top_k, g.top_p, g.temperature = True, 0, 1.0, 1.0
 

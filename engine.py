@@ -61,15 +61,12 @@ def sliding_window(config):
 
 
 class RowCache:
-    """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for
-    its whole game. A forward writes each row's new tokens at that row's own positions (`write`, (B, W)), so a
-    turn appends at the row's end; at a turn boundary gather() drops the rows
-    of finished episodes (and repeats the row of an episode copied mid-game: the tic-tac-toe certificate branches its lines).
-    The buffers are copied only when they grow (reserve) or lose or repeat rows (gather). Layers call update() as
-    they call a transformers Cache's and attend the first `span` positions of every row, with a mask that shows
-    each row its own. A short-convolution layer (LFM2, and the one in Qwen3.5's linear attention) keeps in `conv`
-    each row's last kernel - 1 inputs (_row_conv), a linear-attention layer in `delta` its recurrent state
-    (_row_delta)."""
+    """The KV cache of one rollout batch: row b holds episode b's keys and values at positions 0, 1, 2, ... for its
+    whole game. A forward writes each row's new tokens at the row's own positions (`write`, (B, W)); at a turn boundary
+    gather() drops finished episodes' rows (and repeats a branched episode's). Buffers are copied only when they grow
+    (reserve) or lose or repeat rows (gather). Layers call update() as a transformers Cache's and attend the first
+    `span` positions of every row, masked to its own. A short convolution (LFM2, Qwen3.5) keeps in `conv` each row's
+    last kernel - 1 inputs (_row_conv), a linear-attention layer in `delta` its recurrent state (_row_delta)."""
 
     def __init__(self, dtype):
         self.dtype, self.capacity = dtype, 0
@@ -144,12 +141,10 @@ class RowCache:
 
 @functools.cache
 def _grouped_attention(decode_by_matmul):
-    """Registers (once) and names an attention function for RowCache, each KV head's query heads stacked instead of
-    copying the keys and values for every query head (transformers' SDPA path does that copy whenever a mask is
-    given). SDPA with the row masks; with decode_by_matmul, a decoding step (one query per row) is instead two
-    batched matrix products over the row's keys and values with fp32 scores: on a GPU, SDPA's kernel pads a KV
-    head's few stacked queries to a tile of 64 and took half the decoding time (H100, Qwen3-0.6B shape, 256 rows);
-    the products made a turn 8% faster. On a CPU they were no faster, and SDPA keeps its results as they were."""
+    """Registers (once) and names an attention function for RowCache: each KV head's query heads stacked, not the keys
+    and values copied per query head (as transformers' SDPA path does with a mask). With decode_by_matmul a decoding
+    step is two batched matrix products with fp32 scores: SDPA padded a KV head's few queries to a tile of 64, half
+    the decoding time on an H100 (Qwen3-0.6B shape, 256 rows); a turn 8% faster. On a CPU SDPA is no slower."""
     from transformers import AttentionInterface
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -433,14 +428,12 @@ def enable_grad_ckpt(model, setting, device):
 
 
 def compile_layers(model, setting, device, backend="inductor"):
-    """--compile: prepare the decoder layers to run through torch.compile inside compiled_layers(); returns whether on
-    (auto: on a GPU for a model of GRAD_CKPT_AUTO_PARAMS+ parameters, as --grad_ckpt auto: where it was measured;
-    a small model's update costs little, and the compilation would). Why: with fp32 weights under bf16 autocast the layers' elementwise work (RMSNorm in fp32,
-    rotary embeddings, the MLP's gate, dtype casts) runs as hundreds of unfused kernels; in the update of a
-    Qwen3-0.6B shape on an H100 it took over half the GPU time, the matrix products 17%. Compiled, it fuses.
-    One compilation serves every layer of the same kind and every micro-batch shape (dynamic shapes). The LM
-    head's log-softmax over the vocabulary (token_logprobs) is compiled too: unfused, each of its fp32 passes over a
-    (2048, 152k) chunk reads and writes 1.2 GB."""
+    """Prepare the decoder layers to run through torch.compile inside compiled_layers(); returns whether on (auto: on a
+    GPU for GRAD_CKPT_AUTO_PARAMS+ parameters, where it was measured). With fp32 weights under bf16 autocast the layers'
+    elementwise work (fp32 RMSNorm, rotary, the MLP's gate, casts) ran as hundreds of unfused kernels, over half an
+    H100's update time for a Qwen3-0.6B shape (the matrix products 17%); compiled, it fuses, one compilation for every
+    layer and micro-batch shape. The LM head's log-softmax is compiled too (each unfused fp32 pass over a (2048, 152k)
+    chunk reads and writes 1.2 GB)."""
     big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS
     on = setting == "on" or (setting == "auto" and device.startswith("cuda") and big)
     if on:

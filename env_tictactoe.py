@@ -2,7 +2,7 @@
 Tic-tac-toe against a seeded, unbiased minimax opponent (multi-turn environment): the game the course describes.
 
     python eval.py --model minimax --env tictactoe -n 2 --show 2      # watch the scripted player
-    python eval.py --model random --env tictactoe --opponent optimal   # a baseline
+    python eval.py --model random --env tictactoe --setting optimal   # a baseline
     python env_tictactoe.py --model out/rl                             # play against a model yourself
     python env_tictactoe.py --report out/speedrun                      # the speedrun's report (its scripts add the run's flags)
 
@@ -245,7 +245,7 @@ def parse_move(reply, board):
 
 # ----------------------------------------------------------------------------- the environment
 
-# The two standard evaluation settings (eval.py --opponent, and the evaluations inside sft.py and rl.py).
+# The two standard evaluation settings (eval.py --setting, and the evaluations inside sft.py and rl.py).
 EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
                  "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
 # the certificate's panels in curves.png (eval.plot_curves, from rl.py and the speedrun's report): lost lines and
@@ -715,7 +715,7 @@ probability (the games above sample them, 200 to about 2 points).
 
 ## Commands
     python sft.py --model scratch{env_flag} {teacher_flags} {sft_args} --out {out}/sft
-{rl_commands}    python eval.py --model MODEL{env_flag} --opponent optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
+{rl_commands}    python eval.py --model MODEL{env_flag} --setting optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn else "none drawn (matplotlib is not installed)"}; the metrics: {metrics}
 """

@@ -1,11 +1,11 @@
 """
 Evaluate a model (local, API or scripted) on an environment; --certify proves a greedy policy's play.
 
-    python eval.py --model out/rl --opponent optimal -n 200 --out out/eval_rl_optimal     # GPU or CPU
-    python eval.py --model minimax --opponent random -n 200                                # scripted baseline
-    python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 --opponent optimal -n 100 --out out/api
+    python eval.py --model out/rl --setting optimal -n 200 --out out/eval_rl_optimal     # GPU or CPU
+    python eval.py --model minimax --setting random -n 200                                # scripted baseline
+    python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 --setting optimal -n 100 --out out/api
     python eval.py --model out/rl --certify --out out/cert_rl                              # every opponent line
-    python eval.py --model out/rl --opponent optimal random --certify --out out/eval_rl    # all three, one model load
+    python eval.py --model out/rl --setting optimal random --certify --out out/eval_rl    # all three, one model load
     python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5                        # watch a model play
 
 Writes DIR/rollouts.jsonl as episodes finish (--resume skips them) and DIR/summary.json: n, reward_mean, reward_se,
@@ -131,13 +131,11 @@ def stages_on_one_axis(stages):
 
 
 def plot_curves(stages, png, certify_panels=None):
-    """Training curves as a PNG, when matplotlib is installed (no run needs it); returns whether drawn. stages:
-    [(name, metrics.jsonl of an rl.py run)], drawn one after another on one step axis, each from its step 0 (rl.py:
-    its own run; the speedrun's report: its RL stages, their starts dotted and named). Panels: the training episodes'
-    reward and each of its components, the entropy, reply length and gradient norm; the greedy evaluations' mean
-    reward per setting; --exploit's verdicts (the rows' `certify_<key>`): certify_panels [(title, keys)], the
-    environment's choice, else one panel of every numeric key. A panel of counts has a symlog axis (a count falling
-    from hundreds to 0 shows both)."""
+    """Training curves as a PNG, when matplotlib is installed; returns whether drawn. stages: [(name, metrics.jsonl of
+    an rl.py run)], one after another on one step axis (the speedrun's report: its RL stages, their starts dotted).
+    Panels: the reward and its components, entropy, reply length, gradient norm; the evaluations' mean reward per
+    setting; --exploit's verdicts (`certify_<key>`): certify_panels [(title, keys)], else one panel of every key;
+    counts on a symlog axis (from hundreds to 0)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -180,7 +178,7 @@ def plot_curves(stages, png, certify_panels=None):
 
 
 def run_task(args, task, env_args, policy, out):
-    """One opponent's games, or the certificate, with its summary printed and written to out."""
+    """One setting's episodes, or the certificate, with its summary printed and written to out."""
     task_env_args = {**env_args, **eval_settings(args.env).get(task, {})}
     env = load_env(args.env, task_env_args)
     if task == "certify":
@@ -203,7 +201,7 @@ def main():
     p.set_defaults(temp=0.0)
     p.add_argument("-n", type=int, default=100, help="number of examples")
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per example")
-    p.add_argument("--opponent", nargs="+", default=None, metavar="SETTING",
+    p.add_argument("--setting", nargs="+", default=None, metavar="SETTING",
                    help="evaluation settings the environment names in its EVAL_SETTINGS (tictactoe: optimal, random); "
                         "several (or one with --certify) run one after the other on one loaded model, each into its own "
                         "subdirectory of --out")
@@ -220,13 +218,13 @@ def main():
     env_args = dict(parse_env_args(args.env_args))
     if args.certify and args.temp != 0:
         raise SystemExit("--certify proves the greedy policy: use --temp 0")
-    # tasks: each opponent's games, then the certificate; the model is loaded once for all of them
-    tasks = list(args.opponent or ([] if args.certify else [None])) + (["certify"] if args.certify else [])
+    # tasks: each setting's episodes, then the certificate; the model is loaded once for all of them
+    tasks = list(args.setting or ([] if args.certify else [None])) + (["certify"] if args.certify else [])
     env = load_env(args.env, env_args)
     settings = eval_settings(args.env)
-    unknown = sorted(set(args.opponent or []) - set(settings))
+    unknown = sorted(set(args.setting or []) - set(settings))
     if unknown:
-        raise SystemExit(f"--opponent {' '.join(unknown)}: {args.env} names the settings {', '.join(settings)}")
+        raise SystemExit(f"--setting {' '.join(unknown)}: {args.env} names the settings {', '.join(settings)}")
     if args.certify and not hasattr(env, "certify"):
         raise SystemExit(f"--certify needs an environment with a certify(policy, out) hook (tictactoe), not {args.env!r}")
     policy = policy_from_args(args, env)

@@ -21,12 +21,9 @@ class APIError(RuntimeError):
 
 
 class APIPolicy:
-    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env.
-
-    Games through a server send text, not tokens: the server re-tokenizes the conversation every turn, so a reply
-    whose sampled tokens are not the tokenizer's own encoding of its text is seen differently on the next turn.
-    Servers with a reasoning parser return the <think> block in a separate field and strip it from the content;
-    the reply is rebuilt as the model wrote it, so it is scored, shown and sent back with its reasoning."""
+    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env. A server
+    takes text, not tokens: it re-tokenizes the conversation every turn. A reasoning parser's separate <think> field
+    is put back, so the reply is scored, shown and sent back as the model wrote it."""
     RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
     REASONING_FIELDS = ("reasoning_content", "reasoning")  # transformers serve and vLLM; some hosted APIs
 

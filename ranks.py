@@ -64,15 +64,12 @@ def _together(what):
                          f"says why; raise the environment variable DIST_TIMEOUT if rank 0 was only busy evaluating or saving).\n  ({str(e).splitlines()[0][:300]})") from None
 
 
-def _comm_device():
-    return f"cuda:{torch.cuda.current_device()}" if torch.distributed.get_backend() == "nccl" else "cpu"
-
-
 def sum_over_ranks(values):
     """[sum over the ranks of each number in `values`] (the values themselves when alone)."""
     if not _distributed():
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    nccl = torch.distributed.get_backend() == "nccl"
+    t = torch.tensor(values, dtype=torch.float64, device=f"cuda:{torch.cuda.current_device()}" if nccl else "cpu")
     with _together("sum of step statistics"):
         torch.distributed.all_reduce(t)
     return t.tolist()

@@ -247,11 +247,9 @@ class HFPolicy:
 
 
 class GenerateEngine:
-    """Turns through Hugging Face generate(), the reference engine: each turn, a batch's trajectories so far, left-padded,
-    go through generate() whole (its own KV cache, for this turn only); a logits processor draws each token as
-    HFPolicy draws it (_sample: the seeded inverse-CDF draw, a forced token, the logprob at the sampling temperature)
-    and leaves generate() nothing else to choose. Simple and exact, but every turn re-encodes the conversation:
-    engine.FastEngine continues each episode's cache instead."""
+    """Turns through Hugging Face generate(), the reference engine: each turn a batch's trajectories, left-padded, go
+    through generate() whole, and a logits processor draws each token as HFPolicy draws it (_sample), leaving
+    generate() nothing else to choose. Simple and exact, but every turn re-encodes the conversation."""
     name = "hf"
 
     def __init__(self, model):

@@ -20,7 +20,6 @@ sft_args.json, sft_results.json, metrics.jsonl, data.jsonl (the kept games) and 
 """
 import argparse
 import json
-import math
 import os
 import random
 import time
@@ -57,9 +56,7 @@ def keep_game(rec, keep):
 
 def keep_rule_is_valid(keep):
     try:
-        if keep.startswith("reward>="):
-            return math.isfinite(float(keep[len("reward>="):]))
-        return keep == "all" or all(name and math.isfinite(float(value)) for name, value in (rule.split("=") for rule in keep.split(",")))
+        return keep_game({"reward": 0.0, "metrics": {}}, keep) in (True, False)
     except ValueError:  # not a number, or not NAME=VALUE
         return False
 

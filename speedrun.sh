@@ -69,7 +69,7 @@ T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
 # one eval.py per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify (its progress lines left out)
-EVAL="--opponent optimal random --certify -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
+EVAL="--setting optimal random --certify -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
 python eval.py --model minimax --random_move_prob 0.2 $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/teacher" | grep -v "^certify: "
 python eval.py --model "$OUT/sft" $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/sft" | grep -v "^certify: "
 # the RL model: the weights of the exploiter's best certificate (rl.py --exploit keeps them in OUT/rl_best), if any

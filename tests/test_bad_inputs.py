@@ -100,7 +100,7 @@ def cases():
     yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit() hook"
     yield "eval", ["--certify", "--temp", "1"], "--certify proves the greedy policy: use --temp 0"
     yield "eval", ["--certify", "--env", "reverse", "--model", "oracle"], "--certify needs an environment with a certify(policy, out) hook"
-    yield "eval", ["--opponent", "optimal", "--env", "reverse", "--model", "oracle"], "--opponent optimal: reverse names the settings default"
+    yield "eval", ["--setting", "optimal", "--env", "reverse", "--model", "oracle"], "--setting optimal: reverse names the settings default"
 
 
 CASES = list(cases())

@@ -163,7 +163,7 @@ def test_eval_cli_against_fake_api(fake_api, tmp_path):
     server = fake_api()
     out = tmp_path / "eval_api"
     env = {**os.environ, "OPENAI_API_KEY": KEY, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    p = subprocess.run([sys.executable, "eval.py", "--model", "fake", "--api_base", server.base, "--opponent", "random",
+    p = subprocess.run([sys.executable, "eval.py", "--model", "fake", "--api_base", server.base, "--setting", "random",
                         "-n", "6", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -333,9 +333,9 @@ def _eval_main(monkeypatch, argv):
 
 
 def test_scripted_baselines(monkeypatch, tmp_path, capsys):
-    _eval_main(monkeypatch, ["--model", "minimax", "--opponent", "optimal", "-n", "50", "--out", str(tmp_path / "mm")])
+    _eval_main(monkeypatch, ["--model", "minimax", "--setting", "optimal", "-n", "50", "--out", str(tmp_path / "mm")])
     mm = json.loads((tmp_path / "mm" / "summary.json").read_text())
-    _eval_main(monkeypatch, ["--model", "random", "--opponent", "optimal", "-n", "50", "--out", str(tmp_path / "rnd")])
+    _eval_main(monkeypatch, ["--model", "random", "--setting", "optimal", "-n", "50", "--out", str(tmp_path / "rnd")])
     rnd = json.loads((tmp_path / "rnd" / "summary.json").read_text())
     assert mm["n"] == rnd["n"] == 50
     assert mm["loss_rate"] == 0.0 and mm["win_rate"] == 0.0 and mm["draw_rate"] == 1.0  # optimal vs optimal
@@ -346,11 +346,11 @@ def test_scripted_baselines(monkeypatch, tmp_path, capsys):
 
 
 def test_several_opponents_and_certify_in_one_run(monkeypatch, tmp_path):
-    """--opponent optimal random --certify: one model load, each task in its own subdirectory, the same numbers
+    """--setting optimal random --certify: one model load, each task in its own subdirectory, the same numbers
     as the separate runs."""
-    _eval_main(monkeypatch, ["--model", "random", "--opponent", "optimal", "random", "--certify", "-n", "30", "--out", str(tmp_path / "all")])
+    _eval_main(monkeypatch, ["--model", "random", "--setting", "optimal", "random", "--certify", "-n", "30", "--out", str(tmp_path / "all")])
     for task in ("optimal", "random"):
-        _eval_main(monkeypatch, ["--model", "random", "--opponent", task, "-n", "30", "--out", str(tmp_path / task)])
+        _eval_main(monkeypatch, ["--model", "random", "--setting", task, "-n", "30", "--out", str(tmp_path / task)])
     _eval_main(monkeypatch, ["--model", "random", "--certify", "--out", str(tmp_path / "certify")])
     drop = lambda s: {k: v for k, v in s.items() if k not in ("wall_s", "episodes_per_s", "gen_tokens_per_s")}
     for task in ("optimal", "random", "certify"):

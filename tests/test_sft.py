@@ -132,7 +132,7 @@ def test_scratch_smoke_and_exact_resume(tmp_path):
     results = json.load(open(os.path.join(a, "sft_results.json")))
     assert results["step"] == 4 and "optimal" in results["eval"] and results["eval"]["random"]["n"] == 2
     assert json.load(open(os.path.join(a, "sft_args.json")))["max_steps"] == 4
-    assert "win_rate" in run_main("eval", ["--model", a, "--opponent", "random", "-n", "2", "--max_new_tokens", "8"])
+    assert "win_rate" in run_main("eval", ["--model", a, "--setting", "random", "-n", "2", "--max_new_tokens", "8"])
     # interrupted after 2 steps (same data: the scratch build and the teacher games are seeded), then resumed
     run_main("sft", [*SMALL, "--max_steps", "2", "--eval_every", "0", "--schedule", "constant", "--out", b])
     out = run_main("sft", [*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume"])

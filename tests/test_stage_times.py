@@ -23,9 +23,9 @@ def test_recorded_arguments_give_the_same_arguments_back():
     assert recorded["report_to"] == "none" and recorded["resume"] is True
     again = vars(rl.parse_args(stage_times.argv_of(recorded, steps=5)))
     assert again == {**recorded, "steps": 5, "resume": False}
-    # eval.py's one-letter flag, its opponent list and its --certify
-    assert stage_times.argv_of({"n": 200, "opponent": ["optimal", "random"], "certify": True, "report": None}) == \
-        ["-n", "200", "--opponent", "optimal", "random", "--certify"]
+    # eval.py's one-letter flag, its list of settings and its --certify
+    assert stage_times.argv_of({"n": 200, "setting": ["optimal", "random"], "certify": True, "report": None}) == \
+        ["-n", "200", "--setting", "optimal", "random", "--certify"]
 
 
 def test_rl_stages_are_found_in_the_order_they_ran(tmp_path):
