@@ -331,8 +331,7 @@ def lr_at(step, lr, warmup, total, schedule):
 
 
 def start_run(args):
-    """(rank, world size, device) of a run: the seeds set, and under torchrun the process group joined, where the
-    ranks other than 0 print nothing (their errors still reach stderr)."""
+    """(rank, world size, device) of a run, its seeds set; under torchrun ranks other than 0 print nothing (errors do)."""
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     rank, world, device = start_ranks(pick_device(args.device))
@@ -342,8 +341,7 @@ def start_run(args):
 
 
 def save_run(model, tokenizer, out, rank, trainer_state, extra_json):
-    """A run's checkpoint, with the RNG states for an exact resume: every rank checks that it holds the weights that
-    rank 0 saves (check_ranks_agree), and rank 0 saves them."""
+    """A run's checkpoint with its RNG states, saved by rank 0 once every rank checked it holds the same weights."""
     check_ranks_agree(model)
     if rank == 0:
         save_checkpoint(model, tokenizer, out, {**trainer_state, "rng": rng_state()}, extra_json)

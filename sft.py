@@ -20,6 +20,7 @@ sft_args.json, sft_results.json, metrics.jsonl, data.jsonl (the kept games) and 
 """
 import argparse
 import json
+import math
 import os
 import random
 import time
@@ -55,8 +56,10 @@ def keep_game(rec, keep):
 
 
 def keep_rule_is_valid(keep):
-    try:
-        return keep_game({"reward": 0.0, "metrics": {}}, keep) in (True, False)
+    try:  # all, or keep_game's rule with finite numbers and named metrics
+        rules = [] if keep == "all" else [("reward", keep[len("reward>="):])] if keep.startswith("reward>=") else \
+            [rule.split("=") for rule in keep.split(",")]
+        return all(name and math.isfinite(float(value)) for name, value in rules)
     except ValueError:  # not a number, or not NAME=VALUE
         return False
 

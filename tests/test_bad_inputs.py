@@ -90,6 +90,8 @@ def cases():
     yield "sft", ["--teacher", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
     yield "sft", ["--keep", "reward>=abc"], "--keep reward>=abc: must be all, reward>=X or METRIC=VALUE,..."
     yield "sft", ["--keep", "best"], "--keep best: must be"
+    yield "sft", ["--keep", "reward>=nan"], "--keep reward>=nan: must be"
+    yield "sft", ["--keep", "=1"], "--keep =1: must be"
     yield "sft", ["--d_model", "30", "--n_heads", "4"], "--d_model 30: must be a positive multiple of --n_heads 4"
     yield "sft", ["--data", "{tmp}/no_such.jsonl"], "does not exist"
     yield "sft", ["--data", "{binary}"], "{binary}' is not UTF-8 text (byte 128)"
