@@ -154,7 +154,7 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                         logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
                     old_logp = torch.cat([before[i][0] for i in micro]) if several_steps else logp.detach()
                     ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
-                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, None, args.eps_high, ref_logp, args.beta)
+                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, eps_high=args.eps_high, ref_logp=ref_logp, beta=args.beta)
                     loss.backward()
                     total_loss += loss.item()
                     # logp_mismatch: how far the trainer's logprobs (before any update) are from the sampler's

@@ -44,24 +44,21 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
 # ----------------------------------------------------------------------------- teacher data
 
 
-def keep_game(rec, keep):
-    """--keep: all; reward>=X; or METRIC=VALUE,...: each named metric of the game equals VALUE (a metric the
-    environment does not report passes), e.g. format=1,loss=0: well-formed and not lost (tic-tac-toe's, the default)."""
-    if keep == "all":
-        return True
-    if keep.startswith("reward>="):
-        return rec["reward"] >= float(keep[len("reward>="):])
-    metrics = rec.get("metrics", {})
-    return all(metrics.get(name, float(value)) == float(value) for name, value in (rule.split("=") for rule in keep.split(",")))
-
-
-def keep_rule_is_valid(keep):
-    try:  # all, or keep_game's rule with finite numbers and named metrics
-        rules = [] if keep == "all" else [("reward", keep[len("reward>="):])] if keep.startswith("reward>=") else \
-            [rule.split("=") for rule in keep.split(",")]
-        return all(name and math.isfinite(float(value)) for name, value in rules)
+def keep_rules(keep):
+    """--keep parsed: [] (all), [("reward>=", X)] or [(METRIC, VALUE), ...]; None unless each part is NAME=NUMBER, finite."""
+    try:
+        rules = [] if keep == "all" else [("reward>=", float(keep[len("reward>="):]))] if keep.startswith("reward>=") else \
+            [(name, float(value)) for name, value in (rule.split("=") for rule in keep.split(","))]
     except ValueError:  # not a number, or not NAME=VALUE
-        return False
+        return None
+    return rules if all(name and math.isfinite(value) for name, value in rules) else None
+
+
+def keep_game(rec, rules):
+    """Whether a teacher game passes keep_rules(): reward>=X, or each named metric equal to VALUE (one the environment
+    does not report passes), e.g. format=1,loss=0: well-formed and not lost (tic-tac-toe's, the default)."""
+    metrics = rec.get("metrics", {})
+    return all(rec["reward"] >= value if name == "reward>=" else metrics.get(name, value) == value for name, value in rules)
 
 
 def teacher_games(args, env):
@@ -80,7 +77,8 @@ def teacher_games(args, env):
             rollout(env, env.examples(args.n_games, args.seed + 1), policy, on_done=write)
         except RuntimeError as e:
             raise SystemExit(f"teacher failed after {len(games)} games (kept in {path}; reuse them with --data {path}): {e}")
-    kept = [g for g in games if keep_game(g, args.keep)]
+    rules = keep_rules(args.keep)
+    kept = [g for g in games if keep_game(g, rules)]
     means = {k: sum(g["metrics"][k] for g in kept) / len(kept) for k in (kept[0]["metrics"] if kept else {})}
     print(f"teacher {args.teacher}: {len(games)} games played, {len(kept)} kept ({args.keep}); the kept games' mean "
           + ", ".join(f"{k} {v:.3g}" for k, v in means.items()))
@@ -246,7 +244,7 @@ def parse_args(argv=None):
                        "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
                        "teacher_random_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
                        "teacher_temp": (non_negative, "a finite number >= 0 (0: greedy)"), "concurrency": (at_least(1), ">= 1"),
-                       "keep": (keep_rule_is_valid, "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
+                       "keep": (lambda k: keep_rules(k) is not None, "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
                        "vocab_size": (at_least(1), ">= 1"), "n_layers": (at_least(1), ">= 1"), "n_heads": (at_least(1), ">= 1"),
                        "d_model": (lambda d: d >= 1 and d % max(args.n_heads, 1) == 0, f"a positive multiple of --n_heads {args.n_heads}"),
                        "context_loss": (lambda x: x is None or non_negative(x), "a finite number >= 0")})
