@@ -234,7 +234,7 @@ def parse_args(argv=None):
     p.add_argument("--group", type=int, default=8, help="rollouts per example")
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (the loss uses the same)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
-    p.add_argument("--gen_batch", type=int, default=512, help="max episodes per rollout batch (each keeps one KV cache for its whole game)")
+    p.add_argument("--gen_batch", type=int, default=512, help="max episodes played at once (each batch keeps one KV cache for its whole game: this bounds the rollouts' memory)")
     p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto", help="rollouts: hf (generate(), the reference), fast (engine.py), auto")
     p.add_argument("--steps", type=int, default=200, help="RL steps")
     p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")

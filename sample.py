@@ -326,32 +326,37 @@ def finish(env, ep):
 
 
 def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progress=True, skip=()):
-    """Play every example `group` times; returns records ordered by (example, rollout). Each turn ALL unfinished
-    episodes go to the policy at once; finished ones go to on_done(record) at once (eval.py writes them as they
-    finish); `skip` holds (index, rollout) pairs already done. An environment's forced_reply(state, rollout) hook may
-    play a turn's reply in the policy's place (exploration; None: the policy samples), recorded as the model's tokens."""
-    active = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples) for r in range(group)
-              if (start_index + i, r) not in skip]
+    """Play every example `group` times; returns records ordered by (example, rollout). Episodes are played in waves
+    of at most policy.batch_size (an HF policy's KV caches live until their episodes end, so a wave bounds the
+    memory, however many examples); each turn ALL unfinished episodes of the wave go to the policy at once; finished
+    ones go to on_done(record) at once (eval.py writes them as they finish); `skip` holds (index, rollout) pairs
+    already done. An environment's forced_reply(state, rollout) hook may play a turn's reply in the policy's place
+    (exploration; None: the policy samples), recorded as the model's tokens."""
+    episodes = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples) for r in range(group)
+                if (start_index + i, r) not in skip]
+    wave = getattr(policy, "batch_size", None) or max(len(episodes), 1)
     done = []
-    bar = tqdm(total=len(active), desc="episodes", unit="ep", disable=not progress, leave=False)
-    for _ in range(env.max_turns):
-        if not active:
-            break
-        if hasattr(env, "forced_reply"):  # an environment's exploration: replies it plays in the policy's place
-            for ep in active:
-                ep["force"] = env.forced_reply(ep["state"], ep["rollout"])
-        replies = policy(active)
-        still = []
-        for ep, reply in zip(active, replies):
-            if advance(env, ep, reply):
-                done.append(finish(env, ep))
-                if on_done:
-                    on_done(done[-1])
-                bar.update(1)
-            else:
-                still.append(ep)
-        active = still
-    assert not active, "environment did not end its episodes within max_turns"
+    bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress, leave=False)
+    for first in range(0, len(episodes), wave):
+        active = episodes[first:first + wave]
+        for _ in range(env.max_turns):
+            if not active:
+                break
+            if hasattr(env, "forced_reply"):  # an environment's exploration: replies it plays in the policy's place
+                for ep in active:
+                    ep["force"] = env.forced_reply(ep["state"], ep["rollout"])
+            replies = policy(active)
+            still = []
+            for ep, reply in zip(active, replies):
+                if advance(env, ep, reply):
+                    done.append(finish(env, ep))
+                    if on_done:
+                        on_done(done[-1])
+                    bar.update(1)
+                else:
+                    still.append(ep)
+            active = still
+        assert not active, "environment did not end its episodes within max_turns"
     bar.close()
     return sorted(done, key=lambda r: (r["index"], r["rollout"]))
 

@@ -353,7 +353,7 @@ class _EndsEarly:
 def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, temp):
     """Rows of a RowCache continued turn after turn (each turn encodes only the new tokens, right-aligned, padding
     written to the spare slot; finished episodes compacted away) give the same tokens and logprobs as re-encoding
-    the whole conversation every turn (the generate() engine), in two rollout batches, greedy and sampled (an episode's random numbers are
+    the whole conversation every turn (the generate() engine), in two waves of episodes, greedy and sampled (an episode's random numbers are
     its own, whichever episodes share its batch)."""
     model, tok = sharp_model
     env = _EndsEarly(short_env)
@@ -368,7 +368,8 @@ def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, t
         # later turns start from a cache exactly when reuse is on, and then encode a few tokens, not the conversation
         assert not any(seen[0][0]) and any(any(cached) for cached, _ in seen) == reuse
         if reuse:
-            assert max(max(new) for cached, new in seen[2:]) < min(seen[0][1])
+            fresh, continued = [new for cached, new in seen if not any(cached)], [new for cached, new in seen if any(cached)]
+            assert len(fresh) == 2 and max(map(max, continued)) < min(map(min, fresh))  # two waves, 4 and 2 episodes
     assert max(len(r["messages"]) for r in runs[True]) >= 6, "several turns, so the cache was continued"
     assert len({len(r["messages"]) for r in runs[True]}) > 1, "episodes finished at different turns: rows were compacted"
     for a, b in zip(runs[True], runs[False]):
@@ -670,19 +671,29 @@ def test_corrupt_weights_file_stops_with_one_line(tiny_model_dir, tmp_path):
 
 def test_sampled_rollouts_do_not_depend_on_their_batch(sharp_model, short_env):
     """Sampling is keyed by (seed, episode number, rollout, turn): one batch of 12, batches of 5, or the examples
-    split over two calls numbered from their place (two torchrun ranks) give the same episodes; another seed not."""
+    split over two calls numbered from their place (two torchrun ranks) give the same episodes; another seed not.
+    Batches of 5 are played in waves of 5 (their KV caches live across turns): the policy never holds more."""
     model, tok = sharp_model
     examples = short_env.examples(6, seed=4)
+    held = []  # episodes given to the policy in each call
+
+    class Counting(HFPolicy):
+        def __call__(self, episodes):
+            held.append(len(episodes))
+            return super().__call__(episodes)
 
     def play(batch_size, seed=0, split=False):
-        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=10, batch_size=batch_size, seed=seed)
+        policy = Counting(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=10, batch_size=batch_size, seed=seed)
         if not split:
             return rollout(short_env, examples, policy, group=2, progress=False)
         return (rollout(short_env, examples[:3], policy, group=2, progress=False)
                 + rollout(short_env, examples[3:], policy, group=2, start_index=3, progress=False))
     whole = play(12)
     assert len({tuple(r["ids"]) for r in whole}) > 6, "sampling should vary between episodes"
-    for other in (play(5), play(12, split=True)):
+    held.clear()
+    in_waves = play(5)
+    assert max(held) == 5 and len(held) > short_env.max_turns, held
+    for other in (in_waves, play(12, split=True)):
         assert [r["ids"] for r in other] == [r["ids"] for r in whole]
         torch.testing.assert_close(torch.tensor([lp for r in other for lp in r["logprobs"]]),
                                    torch.tensor([lp for r in whole for lp in r["logprobs"]]), atol=1e-5, rtol=0)
