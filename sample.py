@@ -326,16 +326,13 @@ def finish(env, ep):
 
 
 def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progress=True, skip=()):
-    """Play every example `group` times; returns records ordered by (example, rollout). Episodes are played in waves
-    of at most policy.batch_size (an HF policy's KV caches live until their episodes end, so a wave bounds the
-    memory, however many examples); each turn ALL unfinished episodes of the wave go to the policy at once; finished
-    ones go to on_done(record) at once (eval.py writes them as they finish); `skip` holds (index, rollout) pairs
-    already done. An environment's forced_reply(state, rollout) hook may play a turn's reply in the policy's place
-    (exploration; None: the policy samples), recorded as the model's tokens."""
+    """Play every example `group` times in waves of policy.batch_size episodes (KV caches live until their episodes
+    end: the wave bounds the memory); records ordered by (example, rollout). Each turn a wave's unfinished episodes go
+    to the policy at once, finished ones to on_done(record) (eval.py writes them as they finish); `skip`: (index, rollout)
+    pairs already done. An environment's forced_reply(state, rollout) may play a reply in its place (None: the policy's)."""
     episodes = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples) for r in range(group)
                 if (start_index + i, r) not in skip]
-    wave = getattr(policy, "batch_size", None) or max(len(episodes), 1)
-    done = []
+    wave, done = getattr(policy, "batch_size", None) or max(len(episodes), 1), []
     bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress, leave=False)
     for first in range(0, len(episodes), wave):
         active = episodes[first:first + wave]
