@@ -19,10 +19,13 @@ Reported per shape and rollout engine (--engine: the fast one, engine.py, and ge
 of --steps timed steps, after --warmup_steps untimed ones):
   gen tok/s     sampled tokens per second of the rollouts;
   floor %       the bandwidth floor of the rollouts' decoding steps over their measured time: each decoding step
-                must read every weight once (bf16) plus every live KV-cache entry, so the floor is the sum over
-                steps of (weight bytes + live KV bytes) / the GPU's memory bandwidth;
+                must read every weight once (bf16) plus every live KV-cache entry (each episode's own context, not
+                the padded span an engine may read), so the floor is the sum over steps of (weight bytes + live KV
+                bytes) / the GPU's memory bandwidth;
   upd tok/s     tokens per second of the update (the forward + backward of every episode's tokens);
-  MFU           model FLOPs of the update (6 x params x tokens + causal attention) over the GPU's bf16 dense peak;
+  MFU           model FLOPs of the update over the GPU's bf16 dense peak: 6 x params x tokens, the output layer only
+                on the positions that predict a sampled token (the only ones the loss puts through it), + causal
+                attention; checkpointing's recompute is not counted;
   peak GB       peak GPU memory of the step;
   step          seconds per RL step, split into generation / update / other.
 Results are also appended as one JSON line per shape (with vars(args)) to --out.
@@ -169,11 +172,14 @@ def decode_floor(records, n_read, config, bandwidth):
     return total_bytes / bandwidth, len(steps)
 
 
-def update_flops(records, n_flop, config):
-    """6 x params x tokens + causal attention (forward + backward: 6 x layers x q_dim x T^2 per sequence)."""
+def update_flops(records, n_flop, n_head, config):
+    """Forward + backward FLOPs: 6 x params x tokens, except the output layer's n_head parameters, which only the
+    positions predicting a sampled token go through (common.token_logprobs); causal attention 6 x layers x q_dim x
+    T^2 per sequence."""
     n_attn, _, q_dim = attention_dims(config)
     lengths = [len(r["ids"]) for r in records]
-    return 6 * n_flop * sum(lengths) + 6 * n_attn * q_dim * sum(t * t for t in lengths)
+    predicting = sum(sum(r["mask"][1:]) for r in records)
+    return 6 * (n_flop - n_head) * sum(lengths) + 6 * n_head * predicting + 6 * n_attn * q_dim * sum(t * t for t in lengths)
 
 
 # ----------------------------------------------------------------------------- one shape
@@ -212,7 +218,7 @@ def bench_shape(shape, engine, args, device):
     n_counted = count_params(model)
     bandwidth, peak_flops = gpu_specs(device, args)
     floor_s, n_steps = decode_floor(records, n_counted, model.config, bandwidth) if bandwidth else (None, None)
-    flops = update_flops(records, n_counted, model.config)
+    flops = update_flops(records, n_counted, model.get_output_embeddings().weight.numel(), model.config)
     out = {"shape": shape, "engine": policy.engine.name, "params": sum(p.numel() for p in model.parameters()), "episodes": len(records),
            "gen_tokens": gen_tokens, "train_tokens": sum(len(r["ids"]) for r in records), "decode_steps": n_steps,
            "step_s": median("step_s"), "gen_s": median("gen_s"), "update_s": median("update_s"),
@@ -271,7 +277,7 @@ def gpu_specs(device, args):
 def table(results, device_name):
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
     lines = [f"Device: {device_name}", "",
-             "| shape | engine | params | gen tok/s | floor % | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
+             "| shape | engine | params | gen tok/s | floor % (live KV) | upd tok/s | MFU % | peak GB | step s (gen / update / other) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         setting = ", ".join(s for s, on in (("graphs", r["cuda_graphs"]), ("grad ckpt", r["grad_ckpt"]), ("compiled", r["compiled"])) if on)

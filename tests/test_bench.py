@@ -56,7 +56,8 @@ def test_floor_and_flops_are_the_formulas():
     # steps: turn 0 token 0 reads 4 cached positions, token 1 reads 5; turn 1 token 0 reads 9; two episodes each
     want = sum(2 * 1000 + kv_per_token * 2 * c for c in (4, 5, 9)) / 1e6
     assert steps == 3 and seconds == pytest.approx(want)
-    assert bench.update_flops(records, 1000, config) == 6 * 1000 * 20 + 6 * 3 * 16 * (100 + 100)
+    # the 300 parameters of the output layer on the 3 positions per episode that predict a sampled token only
+    assert bench.update_flops(records, 1000, 300, config) == 6 * 700 * 20 + 6 * 300 * 2 * 3 + 6 * 3 * 16 * (100 + 100)
 
 
 def test_fixed_replies_and_one_forward_per_token(sharp_model, short_env):
