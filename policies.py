@@ -129,17 +129,53 @@ class ScriptedPolicy:
         return [self.player(ep["state"]) if ep.get("force") is None else ep["force"] for ep in episodes]
 
 
+class FunctionPolicy:
+    """A scripted player given as "module:function" (or "path/file.py:function"): a function from the conversation so
+    far (a list of {"role", "content"} messages, the system prompt first) to the reply text. Any environment's teacher,
+    a Verifiers environment's included: it sees only what the model would see."""
+
+    def __init__(self, spec):
+        import importlib
+        import importlib.util
+        where, _, name = spec.rpartition(":")
+        try:
+            if where.endswith(".py"):
+                loader = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
+                module = importlib.util.module_from_spec(loader)
+                loader.loader.exec_module(module)
+            else:
+                module = importlib.import_module(where)
+        except (ImportError, OSError) as e:
+            raise SystemExit(f"scripted player {spec!r}: cannot import {where!r} ({e})") from None
+        self.function = getattr(module, name, None)
+        if not callable(self.function):
+            raise SystemExit(f"scripted player {spec!r}: {where} has no function {name!r}")
+        self.gen_tokens = 0
+
+    def __call__(self, episodes):
+        return [self.function([dict(m) for m in ep["messages"]]) if ep.get("force") is None else ep["force"]
+                for ep in episodes]
+
+
+def is_function_spec(model):
+    """A --model/--teacher string naming a Python function ("module:function"), not a hub id or a directory."""
+    return ":" in model and "://" not in model and not os.path.isdir(model)
+
+
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                 api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True,
                 engine="auto"):
     """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
     # the common scripted players' names go to the environment, which says which players it has if not that one
+    if is_function_spec(model):
+        return FunctionPolicy(model)
     if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
         return ScriptedPolicy(env, model, random_move_prob)
     if api_base:
         return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
     lm, tokenizer = load_model(model, device)
-    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine)
+    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine,
+                    tools=getattr(env, "tools", None))
 
 
 # ----------------------------------------------------------------------------- a policy from the command line
@@ -147,7 +183,7 @@ def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=1
 
 def add_policy_args(p):
     """Flags shared by the scripts that play episodes with any policy (eval.py, env_tictactoe.py)."""
-    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with --api_base, or a scripted player (random, minimax)")
+    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with --api_base, a scripted player (random, minimax), or a function module:function (conversation -> reply)")
     p.add_argument("--env", default="tictactoe", help="environment NAME: imports env_NAME.py")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")

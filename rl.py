@@ -276,8 +276,11 @@ def main():
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) if args.beta > 0 else None
     enable_grad_ckpt(model, args.grad_ckpt, device)
     compile_layers(model, "auto", device)
-    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, 1.0, args.max_new_tokens, args.gen_batch, seed=args.seed, engine=args.engine)
-    greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch, engine=args.engine)
+    tools = getattr(env, "tools", None)  # offered through the chat template
+    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, 1.0, args.max_new_tokens, args.gen_batch,
+                      seed=args.seed, engine=args.engine, tools=tools)
+    greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch,
+                      engine=args.engine, tools=tools)
     amp = train_autocast(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))  # fp32 weights and state
     trainer_state = start_or_resume(args, opt, resume, rank)

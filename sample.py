@@ -42,11 +42,12 @@ class ChatTokens:
     token the model must sample to stop; the rest, for a real message X, is what we append after it.
     An environment's message in the tool role (a tool's result) goes in the same way where the template renders a
     tool role (ChatML and Qwen3, which puts it in a user turn as <tool_response>); where the template refuses or
-    drops it, it goes in as a user message with the same content."""
+    drops it, it goes in as a user message with the same content. An environment's `tools` (OpenAI function schemas)
+    are offered the way the template renders them (apply_chat_template's tools=)."""
     SENTINEL = "\u2063S3NT1N3L\u2063"
 
-    def __init__(self, tokenizer, system_prompt):
-        self.tokenizer, self.system = tokenizer, system_prompt
+    def __init__(self, tokenizer, system_prompt, tools=None):
+        self.tokenizer, self.system, self.tools = tokenizer, system_prompt, tools
         probe = self.after_sentinel({"role": "user", "content": "X"})
         ids = tokenizer(probe, add_special_tokens=False).input_ids
         self.eot_id = ids[0]
@@ -57,11 +58,12 @@ class ChatTokens:
             self.tool_role = False
 
     def render(self, messages, **kw):
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+        tools = {"tools": self.tools} if self.tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, **tools, **kw)
 
-    def after_sentinel(self, message):
+    def after_sentinel(self, messages):
         msgs = [{"role": "system", "content": self.system}, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": self.SENTINEL}, message]
+                {"role": "assistant", "content": self.SENTINEL}, *_as_messages(messages)]
         text = self.render(msgs, add_generation_prompt=True)
         if self.SENTINEL not in text:
             raise SystemExit("the chat template drops assistant messages; cannot build multi-turn trajectories")
@@ -71,12 +73,12 @@ class ChatTokens:
         """Token ids of the first turn: the template's own rendering + generation prompt."""
         return self.tokenizer(self.render(messages, add_generation_prompt=True), add_special_tokens=False).input_ids
 
-    def turn_ids(self, message):
+    def turn_ids(self, messages):
         """Tokens after the end-of-turn token up to the next generation prompt, for the environment's next message
-        (a user message, or a tool result)."""
-        if message["role"] == "tool" and not self.tool_role:
-            message = {"role": "user", "content": message["content"]}
-        ids = self.tokenizer(self.after_sentinel(message), add_special_tokens=False).input_ids
+        (a user message, or a tool result) or messages (several tool results: one tool message each)."""
+        messages = [{"role": "user", "content": m["content"]} if m["role"] == "tool" and not self.tool_role else m
+                    for m in _as_messages(messages)]
+        ids = self.tokenizer(self.after_sentinel(messages), add_special_tokens=False).input_ids
         assert ids[0] == self.eot_id, "chat template: end-of-turn token is not where expected"
         return ids[1:]
 
@@ -86,14 +88,34 @@ class ChatTokens:
 
     def encode_conversation(self, messages):
         """(ids, mask) of a finished conversation laid out exactly as a rollout lays it out: the first prompt,
-        then each assistant reply + end-of-turn (mask 1), then each later user message's turn tokens (mask 0)."""
+        then each assistant reply + end-of-turn (mask 1), then the turn tokens of the environment's messages that
+        follow it (mask 0)."""
         ids = self.prompt_ids(messages[:2])
         mask = [0] * len(ids)
-        for m in messages[2:]:
-            new = self.reply_ids(m["content"]) if m["role"] == "assistant" else self.turn_ids(m)
+        for i, m in enumerate(messages[2:], 2):
+            if m["role"] == "assistant":
+                new = self.reply_ids(m["content"])
+            elif messages[i - 1]["role"] == "assistant":  # the environment's messages since that reply, together
+                new = self.turn_ids(_until_reply(messages[i:]))
+            else:
+                continue
             ids += new
             mask += [int(m["role"] == "assistant")] * len(new)
         return ids, mask
+
+
+def _as_messages(messages):
+    return [messages] if isinstance(messages, dict) else list(messages)
+
+
+def trailing_messages(messages):
+    """The environment's messages after the conversation's last assistant reply."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages) - 1)
+    return messages[last + 1:]
+
+
+def _until_reply(messages):
+    return messages[:next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))]
 
 
 def _as_list(x):
@@ -123,9 +145,9 @@ class HFPolicy:
     appends them to the trajectories (ids, mask, logprobs: the module's docstring)."""
 
     def __init__(self, model, tokenizer, system_prompt, temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                 min_new_tokens=0, seed=0, engine="auto", **engine_options):
+                 min_new_tokens=0, seed=0, engine="auto", tools=None, **engine_options):
         self.model, self.tokenizer, self.seed = model, tokenizer, seed
-        self.chat = ChatTokens(tokenizer, system_prompt)
+        self.chat = ChatTokens(tokenizer, system_prompt, tools)
         self.temp, self.top_p, self.max_new_tokens, self.batch_size = temp, top_p, max_new_tokens, batch_size
         self.min_new_tokens = min_new_tokens  # end-of-turn suppressed before this many tokens (bench.py's fixed replies)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eot_id
@@ -134,7 +156,8 @@ class HFPolicy:
 
     def __call__(self, episodes):
         for ep in episodes:  # bring each trajectory up to the generation prompt of this turn
-            new = self.chat.prompt_ids(ep["messages"]) if "ids" not in ep else self.chat.turn_ids(ep["messages"][-1])
+            new = self.chat.prompt_ids(ep["messages"]) if "ids" not in ep else \
+                self.chat.turn_ids(trailing_messages(ep["messages"]))
             ep.setdefault("ids", []).extend(new)
             ep.setdefault("mask", []).extend([0] * len(new))
             ep.setdefault("logprobs", []).extend([0.0] * len(new))
@@ -305,11 +328,12 @@ def branch(ep):
 
 def advance(env, ep, reply):
     """Give one reply to the environment; True when the episode is over. The environment answers with a user
-    message (a string), a message dict in the tool role (a tool's result), or None."""
+    message (a string), a message dict in the tool role (a tool's result), a list of such dicts (several tool
+    results), or None."""
     ep["messages"].append({"role": "assistant", "content": reply})
     msg = env.step(ep["state"], reply)
     if msg is not None:
-        ep["messages"].append(msg if isinstance(msg, dict) else {"role": "user", "content": msg})
+        ep["messages"] += msg if isinstance(msg, list) else [msg if isinstance(msg, dict) else {"role": "user", "content": msg}]
     return msg is None
 
 

@@ -34,7 +34,7 @@ from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_leas
 from engine import enable_grad_ckpt
 from eval import evaluate_standard
 from ranks import stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
-from policies import ScriptedPolicy, add_api_args, has_scripted_player, make_policy
+from policies import FunctionPolicy, ScriptedPolicy, add_api_args, has_scripted_player, is_function_spec, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 
 
@@ -112,14 +112,19 @@ def read_data(path):
 # ----------------------------------------------------------------------------- the scratch model
 
 
-def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048):
-    """Train a byte-level BPE tokenizer on scripted transcripts of `env`, build a random-init Llama, save both."""
+def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048,
+                  teacher=None):
+    """Train a byte-level BPE tokenizer on scripted transcripts of `env` (its random/minimax/oracle players, or the
+    `teacher` function "module:function"), build a random-init Llama, save both."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     texts = [env.system_prompt]
-    players = [n for n in ("random", "minimax", "oracle") if has_scripted_player(env, n)]
-    for i, name in enumerate(players):
-        policy = ScriptedPolicy(env, name, 0.3)
+    players = [ScriptedPolicy(env, n, 0.3) for n in ("random", "minimax", "oracle") if has_scripted_player(env, n)]
+    players += [FunctionPolicy(teacher)] if teacher and is_function_spec(teacher) else []
+    if not players:
+        raise SystemExit("--model scratch trains its tokenizer on a scripted player's games: this environment has no "
+                         "random, minimax or oracle player; give --teacher module:function (conversation -> reply)")
+    for i, policy in enumerate(players):
         for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
             texts += [m["content"] for m in rec["messages"][1:]]
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -177,7 +182,8 @@ def model_path(args, env, rank, resume):
     if args.model != "scratch":
         return args.model
     if rank == 0:
-        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed)
+        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed,
+                      teacher=args.teacher)
     wait_for_rank0(f"scratch model in {args.out}_init")
     return args.out + "_init"
 
@@ -213,7 +219,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default="scratch", help="hub id or directory to fine-tune, or 'scratch' to build a small model offline")
     p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
-    p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), an API model with --api_base, or an HF model")
+    p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), a function module:function "
+                   "(conversation -> reply), an API model with --api_base, or an HF model")
     p.add_argument("--teacher_random_prob", type=float, default=0.2, help="scripted minimax teacher: its random-move probability")
     p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
     add_api_args(p, "--teacher")
@@ -265,7 +272,7 @@ def main():
     # the model is loaded before any game is played or any file written, so a bad --model costs nothing and loses
     # nothing (an HF teacher then plays while the student is in memory)
     model, tokenizer = load_model(model_path(args, env, rank, resume), device, train=True)
-    chat = ChatTokens(tokenizer, env.system_prompt)
+    chat = ChatTokens(tokenizer, env.system_prompt, getattr(env, "tools", None))
     encoded = training_data(args, env, chat, rank, resume, user_data)
     enable_grad_ckpt(model, args.grad_ckpt, device)
 
@@ -292,7 +299,7 @@ def main():
 
     def run_eval(step):
         model.eval()
-        policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64)
+        policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64, tools=getattr(env, "tools", None))
         evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n)
         results.update({name: s for name, (s, _) in evals.items()})
         log.evals(step, evals)

@@ -1,0 +1,38 @@
+"""
+A scripted teacher for the course's Verifiers tic-tac-toe environment (anakin87/llm-rl-environments-lil-course,
+environments/tictactoe/tictactoe.py), written against its messages alone: it reads the last board the environment
+showed and answers with our minimax player's reply (a true <think>, then <move>N</move>).
+
+    python sft.py --model scratch --env verifiers --env_args '{"path": "tictactoe.py"}' \
+        --teacher docs/vf_tictactoe_teacher.py:play_noisy --keep all ...
+
+`play`: an optimal move (uniform among the optimal ones, drawn from a hash of the conversation: the same
+conversation, the same move). `play_noisy`: a random free cell 20% of the time, as the speedrun's teacher.
+"""
+import re
+
+from env_tictactoe import best_moves, free_cells, player_reply, stable_rng
+
+ROW = re.compile(r"^(\S) \| (\S) \| (\S)$", re.M)  # the course's board rows: "X | 1 | O"
+
+
+def board_of(messages):
+    """The last board shown to the model, in env_tictactoe's form: 9 characters of X, O and '.' for a free cell."""
+    text = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    rows = ROW.findall(text)[-3:]
+    return "".join(c if c in "XO" else "." for row in rows for c in row)
+
+
+def move(messages, random_move_prob):
+    board = board_of(messages)
+    rng = stable_rng(*(m["content"] for m in messages))
+    cell = rng.choice(free_cells(board)) if rng.random() < random_move_prob else rng.choice(best_moves(board, "X"))
+    return player_reply(board, cell)
+
+
+def play(messages):
+    return move(messages, 0.0)
+
+
+def play_noisy(messages):
+    return move(messages, 0.2)

@@ -1,0 +1,260 @@
+"""
+A guard for third-party environment code (reasoning-gym, TextArena, Verifiers): the environment lives in a worker
+process, and every call into it (load, examples, reset, step, scoring, scripted players) runs under a time limit
+and, where the platform has one, a memory limit. A reply that hangs a scorer, a library that crashes or eats the
+memory, costs its episode (0 on every reward, metric `error` 1, and `timeout` 1 where the time ran out), never the
+run: the worker is killed, a new one started, and the other live episodes are rebuilt in it by replaying their
+replies (an environment must be deterministic given its example and replies, as the contract already asks).
+
+    env = Guarded("env_textarena:TextArena", {"game": "Set-v0"}, timeout=30)   # what load_environment returns
+
+The worker is a fresh interpreter (`python guard.py`) that imports only the environment's module, never torch; the
+two talk JSON lines over pipes, so nothing but JSON crosses (the worker's own prints go to /dev/null). Its signal
+handlers, atexit hooks, process pools and global random state are its own: a library that installs handlers for
+SIGTERM cannot change how the trainer stops.
+"""
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment and play the probe episode
+
+
+class Guarded:
+    """The environment contract (README) over a worker process running FACTORY(**kwargs), FACTORY "module:callable".
+    `timeout`: seconds a call may take; `memory_mb`: the worker's address-space limit (None: none)."""
+
+    def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384):
+        self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
+        self.proc, self.generation, self.next_id, self.live = None, 0, 0, {}
+        self.calls, self.call_seconds, self.restarts = 0, 0.0, 0
+        info = self._start()
+        self.system_prompt, self.max_turns = info["system_prompt"], info["max_turns"]
+        self.reward_weights, self.tools = info["reward_weights"], info.get("tools")
+        self.reward_names, self.metric_names = info["reward_names"], info["metric_names"]
+
+    # ------------------------------------------------------------------------- the worker
+
+    def _start(self):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0)
+        self.buffer, self.generation = b"", self.generation + 1
+        init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb, "path": sys.path}
+        kind, value = self._call("init", init, timeout=LOAD_TIMEOUT)
+        if kind in ("ValueError", "TypeError"):  # bad arguments: load_env says so as it does for our own environments
+            self._kill()
+            raise {"ValueError": ValueError, "TypeError": TypeError}[kind](value)
+        if kind != "ok":
+            self._kill()
+            raise RuntimeError(f"{self.factory} failed to load in its worker: {kind}: {value}")
+        return value
+
+    def _kill(self):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def _call(self, op, arg, timeout=None):
+        """(kind, value): ("ok", result), (exception name, message) where the call raised, ("timeout", ...) or
+        ("crash", ...) where the worker overran or died (it is then gone; the next call starts another)."""
+        if self.proc is None:
+            self._start()
+        start, limit = time.perf_counter(), timeout or self.timeout
+        try:
+            self.proc.stdin.write(json.dumps([op, arg]).encode() + b"\n")
+            while b"\n" not in self.buffer:
+                left = limit - (time.perf_counter() - start)
+                if left <= 0:
+                    self._kill()
+                    return "timeout", f"{op} took over {limit:g} s (the worker was restarted)"
+                if select.select([self.proc.stdout], [], [], left)[0]:
+                    chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                    if not chunk:
+                        raise BrokenPipeError
+                    self.buffer += chunk
+        except (BrokenPipeError, OSError):
+            code = self.proc.wait()
+            self.proc = None
+            return "crash", f"the worker died in {op} (exit code {code}; out of memory?)"
+        finally:
+            self.calls, self.call_seconds = self.calls + 1, self.call_seconds + time.perf_counter() - start
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _episode_call(self, state, op, arg):
+        """A call for one live episode; the episode is rebuilt first in a worker that is not the one it started in."""
+        if state["generation"] != self.generation or self.proc is None:
+            self.restarts += state["generation"] != self.generation
+            if not self._replay(state):
+                return "crash", "could not be rebuilt after a restart"
+        kind, value = self._call(op, arg)
+        if kind in ("timeout", "crash"):
+            self.live.pop(state["id"], None)
+        return kind, value
+
+    def _replay(self, state):
+        if self.proc is None:
+            self._start()
+        state["generation"] = self.generation
+        kind, _ = self._call("reset", [state["id"], state["example"]])
+        for reply in state["replies"]:
+            if kind != "ok":
+                break
+            kind, value = self._call("step", [state["id"], reply])
+            kind = kind if kind != "ok" or value[0] == "continue" else "ended"
+        return kind == "ok"
+
+    # ------------------------------------------------------------------------- the contract
+
+    def examples(self, n, seed=0):
+        kind, value = self._call("examples", [n, seed], timeout=max(self.timeout, LOAD_TIMEOUT))
+        if kind != "ok":
+            raise RuntimeError(f"{self.factory}: examples({n}, seed={seed}) failed in its worker: {value}")
+        return value
+
+    def reset(self, example):
+        self.next_id += 1
+        state = {"id": self.next_id, "example": example, "replies": [], "generation": self.generation,
+                 "done": False, "error": None, "rewards": None, "metrics": None, "describe": None}
+        self.live[state["id"]] = state
+        kind, value = self._episode_call(state, "reset", [state["id"], example])
+        if kind != "ok":
+            self._fail(state, kind, value)
+            return state, f"(the environment failed to start this episode: {value})"
+        return state, value
+
+    def step(self, state, reply):
+        if state["done"]:
+            return None
+        reply = reply if isinstance(reply, str) else str(reply)
+        kind, value = self._episode_call(state, "step", [state["id"], reply])
+        state["replies"].append(reply)
+        if kind != "ok":
+            return self._fail(state, kind, value)
+        if value[0] == "continue":
+            return value[1]
+        state["done"] = True
+        self.live.pop(state["id"], None)
+        state["rewards"], state["metrics"], state["describe"] = value[1:]
+        return None
+
+    def _fail(self, state, kind, message):
+        """End the episode as an error: 0 on every reward, the environment's metrics 0, `error` (and `timeout`) 1."""
+        state.update(done=True, error=f"{kind}: {message}", describe=f"{kind}: {message}",
+                     rewards={k: 0.0 for k in self.reward_names}, metrics={k: 0.0 for k in self.metric_names})
+        self.live.pop(state["id"], None)
+        if kind not in ("timeout", "crash"):  # the worker is alive: let it drop the episode
+            self._call("drop", state["id"])
+        return None
+
+    def rewards(self, state):
+        return state["rewards"] or {k: 0.0 for k in self.reward_names}
+
+    def metrics(self, state):
+        error = state["error"] or ""
+        metrics = state["metrics"] or {k: 0.0 for k in self.metric_names}
+        return {**metrics, "error": max(float(bool(error)), metrics.get("error", 0.0)),
+                "timeout": float(error.startswith("timeout"))}
+
+    def describe(self, state):
+        return state["describe"] or f"episode {state['id']} ({len(state['replies'])} replies so far)"
+
+    def scripted_player(self, name, random_move_prob=0.0):
+        kind, value = self._call("player", [name, random_move_prob])
+        if kind != "ok":
+            raise ValueError(value)
+
+        def player(state):
+            if state["done"]:
+                return ""
+            kind, value = self._episode_call(state, "play", [state["id"], name, random_move_prob])
+            return value if kind == "ok" else ""
+        return player
+
+    def close(self):
+        self._kill()
+
+    def __del__(self):
+        self._kill()
+
+
+# ----------------------------------------------------------------------------- the worker's side
+
+
+def _serve(proto):
+    """Answer [op, arg] lines from stdin on `proto` until stdin closes."""
+    import importlib
+    env, states, players = None, {}, {}
+    for line in sys.stdin.buffer:
+        op, arg = json.loads(line)
+        try:
+            if op == "init":
+                sys.path[:] = arg["path"]
+                if arg["memory_mb"] and sys.platform.startswith("linux"):
+                    import resource
+                    limit = arg["memory_mb"] << 20
+                    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+                module, name = arg["factory"].split(":")
+                env = getattr(importlib.import_module(module), name)(**arg["kwargs"])
+                result = _describe_env(env)
+            elif op == "examples":
+                result = env.examples(*arg)
+            elif op == "reset":
+                states[arg[0]], result = env.reset(arg[1])
+            elif op == "step":
+                state = states[arg[0]]
+                message = env.step(state, arg[1])
+                if message is not None:
+                    result = ["continue", message]
+                else:
+                    del states[arg[0]]
+                    result = ["done", _floats(env.rewards(state)), _floats(_metrics(env, state)),
+                              env.describe(state) if hasattr(env, "describe") else None]
+            elif op == "drop":
+                result = states.pop(arg, None) and None
+            elif op == "player":
+                key = json.dumps(arg)
+                if key not in players:
+                    players[key] = env.scripted_player(*arg)
+                result = None
+            elif op == "play":
+                result = players[json.dumps(arg[1:])](states[arg[0]])
+            reply = ["ok", result]
+        except Exception as e:  # the library raised: this call fails, the worker goes on
+            kind = type(e).__name__ if type(e) in (ValueError, TypeError) else "error"
+            reply = [kind, (str(e) if kind != "error" else f"{type(e).__name__}: {e}")[:2000]]
+        proto.write(json.dumps(reply).encode() + b"\n")
+        proto.flush()
+
+
+def _metrics(env, state):
+    return env.metrics(state) if hasattr(env, "metrics") else {}
+
+
+def _floats(d):
+    return {k: float(v) for k, v in d.items()}
+
+
+def _describe_env(env):
+    """What the parent needs to know of the environment, and its reward and metric names from a probe episode
+    (blank replies): an episode that fails later still reports the same names."""
+    state, _ = env.reset(env.examples(1, seed=0)[0])
+    for _ in range(env.max_turns):
+        if env.step(state, "") is None:
+            break
+    return {"system_prompt": env.system_prompt, "max_turns": env.max_turns, "reward_weights": env.reward_weights,
+            "tools": getattr(env, "tools", None), "reward_names": list(env.rewards(state)),
+            "metric_names": list(_metrics(env, state))}
+
+
+if __name__ == "__main__":
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops the worker itself
+    proto = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the library's prints, and ours, never reach the protocol
+    _serve(proto)
