@@ -8,7 +8,7 @@ Reasoning Gym tasks (single turn): any of reasoning-gym's procedural datasets, o
 
 env_args: `task` (one dataset name) or `tasks` ({name: weight}, a weighted mix); `config`: the dataset's own
 configuration, passed through to reasoning_gym.create_dataset (for a mix, {name: config} per task; its "seed" moves
-the data, its "size" bounds the indices of the tasks that need one); `allow_broken_scorer`, `allow_unsafe_scorer`,
+the data, its "size" makes a fixed pool of that many entries); `allow_broken_scorer`, `allow_unsafe_scorer`,
 `allow_unreproducible`: use a task that is refused by default (below, and docs/REASONING_GYM.md).
 
 The question is the library's; the answer is read, as the library does, from the reply's last <answer>...</answer>
@@ -39,10 +39,13 @@ Refused unless allowed:
   - UNREPRODUCIBLE: entries that differ between two processes with different PYTHONHASHSEED, or between two
     generations in one process (a one-off scan, docs/REASONING_GYM.md).
 Four scorers eval() the answer for partial credit (a list written as Python, EVAL_SCORERS): in those modules eval
-is replaced by ast.literal_eval at import. The library prints in some tasks: stdout is silenced while it creates,
+is replaced by ast.literal_eval where the environment is built. The library prints in some tasks: stdout is silenced while it creates,
 generates and scores.
 
 Scripted players: `oracle` (the reference answer, well-formed) and `blank` (an empty answer).
+
+The library runs behind guard.py, in a worker process: a reply whose scoring hangs or crashes (sympy on a tower of
+powers) scores 0 with metric `timeout` or `error`, and the run goes on.
 """
 import ast
 import contextlib
@@ -56,6 +59,8 @@ from collections import OrderedDict
 
 import reasoning_gym  # noqa: F401  (a missing package: common.load_env says which)
 from reasoning_gym.factory import DATASETS, create_dataset
+
+from guard import Guarded
 
 SYSTEM_PROMPT = """Answer the question. You may think first inside <think>...</think>, then give only the final answer
 inside <answer>...</answer> and nothing after it, for example:
@@ -97,8 +102,11 @@ def _literal_eval(source, *scopes):
     return ast.literal_eval(source)
 
 
-for _module in EVAL_SCORERS.values():
-    importlib.import_module(_module).eval = _literal_eval
+def _literal_scorers():
+    """eval is ast.literal_eval in the EVAL_SCORERS modules: done where the environment is built (in the guard's
+    worker), so importing this file changes nothing for other users of the library."""
+    for module in EVAL_SCORERS.values():
+        importlib.import_module(module).eval = _literal_eval
 
 
 class _Null:
@@ -161,6 +169,7 @@ class ReasoningGym:
 
     def __init__(self, task=None, tasks=None, config=None, allow_broken_scorer=False, allow_unsafe_scorer=False,
                  allow_unreproducible=False):
+        _literal_scorers()
         for name, flag in (("allow_broken_scorer", allow_broken_scorer), ("allow_unsafe_scorer", allow_unsafe_scorer),
                            ("allow_unreproducible", allow_unreproducible)):
             if not isinstance(flag, bool):
@@ -240,8 +249,9 @@ class ReasoningGym:
     # ------------------------------------------------------------------------- rows and entries
 
     def examples(self, n, seed=0):
-        """n rows, deterministic given seed: a task by weight, then an index hashed from (seed, row) (BOUNDED tasks:
-        a dataset seed hashed from (seed, task, chunk) and distinct indices in range(size))."""
+        """n rows, deterministic given seed: a task by weight, then an index hashed from (seed, row), into range(size)
+        where the config gives a size (BOUNDED tasks: a dataset seed hashed from (seed, task, chunk) and distinct
+        indices in range(size))."""
         rng = random.Random(hash_int("tasks", seed))
         names = rng.choices(self.names, weights=self.weights, k=n) if len(self.names) > 1 else self.names * n
         counts, draws, rows = {}, {}, []
@@ -255,6 +265,8 @@ class ReasoningGym:
                     need = min(size, names.count(task) - chunk * size)
                     draws[task, chunk] = random.Random(hash_int("indices", base, seed, task, chunk)).sample(range(size), need)
                 dataset_seed, index = hash_int("bounded", base, seed, task, chunk) % 2**31, draws[task, chunk][k % size]
+            elif "size" in config:  # the user's fixed pool: entries 0..size-1 of the config's own dataset seed
+                dataset_seed, index = base, hash_int("index", seed, i) % self.sizes[task]
             else:
                 dataset_seed, index = base, hash_int("index", seed, i) % 2**31
             rows.append({"seed": hash_int("seed", seed, i) % 2**31, "task": task, "dataset_seed": dataset_seed,
@@ -291,7 +303,7 @@ class ReasoningGym:
         """The library's score of `answer`, clamped to [0, 1]; 0 for no answer, an overlong one, a scorer that raises."""
         if not answer or len(answer) > max(MAX_ANSWER, 4 * len(str(entry.get("answer")))):
             return 0.0
-        if row["task"] in ARITHMETIC_ANSWERS and (not ARITHMETIC.fullmatch(answer) or "**" in answer):
+        if row["task"] in ARITHMETIC_ANSWERS and (not ARITHMETIC.fullmatch(answer) or "**" in answer.replace(" ", "")):
             return 0.0
         dataset = self._dataset(row["task"], row["dataset_seed"], row["config"])
         try:
@@ -337,7 +349,11 @@ class ReasoningGym:
 
 
 def load_environment(task=None, tasks=None, config=None, allow_broken_scorer=False, allow_unsafe_scorer=False,
-                     allow_unreproducible=False):
+                     allow_unreproducible=False, timeout=30.0):
     """task: one reasoning-gym dataset name, or tasks: {name: weight}; config: its settings (a mix: {name: settings});
-    allow_*: use a task refused by default (a broken scorer, an unsafe one, entries that change with PYTHONHASHSEED)."""
-    return ReasoningGym(task, tasks, config, allow_broken_scorer, allow_unsafe_scorer, allow_unreproducible)
+    allow_*: use a task refused by default (a broken scorer, an unsafe one, entries that change with PYTHONHASHSEED);
+    timeout: seconds a call (a reply's scoring) may take before its episode scores 0 with metric `timeout`
+    (guard.py: the library runs in a worker process)."""
+    kwargs = {"task": task, "tasks": tasks, "config": config, "allow_broken_scorer": allow_broken_scorer,
+              "allow_unsafe_scorer": allow_unsafe_scorer, "allow_unreproducible": allow_unreproducible}
+    return Guarded("env_reasoning_gym:ReasoningGym", kwargs, timeout=timeout)

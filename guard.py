@@ -30,7 +30,7 @@ class Guarded:
     def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384):
         self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
         self.proc, self.generation, self.next_id, self.live = None, 0, 0, {}
-        self.calls, self.call_seconds, self.restarts = 0, 0.0, 0
+        self.calls, self.call_seconds = 0, 0.0
         info = self._start()
         self.system_prompt, self.max_turns = info["system_prompt"], info["max_turns"]
         self.reward_weights, self.tools = info["reward_weights"], info.get("tools")
@@ -51,6 +51,10 @@ class Guarded:
             self._kill()
             raise RuntimeError(f"{self.factory} failed to load in its worker: {kind}: {value}")
         return value
+
+    @property
+    def restarts(self):
+        return self.generation - 1
 
     def _kill(self):
         if self.proc is not None:
@@ -88,7 +92,6 @@ class Guarded:
     def _episode_call(self, state, op, arg):
         """A call for one live episode; the episode is rebuilt first in a worker that is not the one it started in."""
         if state["generation"] != self.generation or self.proc is None:
-            self.restarts += state["generation"] != self.generation
             if not self._replay(state):
                 return "crash", "could not be rebuilt after a restart"
         kind, value = self._call(op, arg)
@@ -118,7 +121,7 @@ class Guarded:
 
     def reset(self, example):
         self.next_id += 1
-        state = {"id": self.next_id, "example": example, "replies": [], "generation": self.generation,
+        state = {"id": self.next_id, "guard": self, "example": example, "replies": [], "generation": self.generation,
                  "done": False, "error": None, "rewards": None, "metrics": None, "describe": None}
         self.live[state["id"]] = state
         kind, value = self._episode_call(state, "reset", [state["id"], example])
@@ -168,10 +171,10 @@ class Guarded:
         if kind != "ok":
             raise ValueError(value)
 
-        def player(state):
+        def player(state):  # the episode's own environment plays it (eval.py plays with another instance's player)
             if state["done"]:
                 return ""
-            kind, value = self._episode_call(state, "play", [state["id"], name, random_move_prob])
+            kind, value = state["guard"]._episode_call(state, "play", [state["id"], name, random_move_prob])
             return value if kind == "ok" else ""
         return player
 
@@ -216,13 +219,11 @@ def _serve(proto):
                               env.describe(state) if hasattr(env, "describe") else None]
             elif op == "drop":
                 result = states.pop(arg, None) and None
-            elif op == "player":
-                key = json.dumps(arg)
+            elif op in ("player", "play"):  # "player" checks the name, "play" plays (after a restart too)
+                key = json.dumps(arg[-2:])
                 if key not in players:
-                    players[key] = env.scripted_player(*arg)
-                result = None
-            elif op == "play":
-                result = players[json.dumps(arg[1:])](states[arg[0]])
+                    players[key] = env.scripted_player(*arg[-2:])
+                result = players[key](states[arg[0]]) if op == "play" else None
             reply = ["ok", result]
         except Exception as e:  # the library raised: this call fails, the worker goes on
             kind = type(e).__name__ if type(e) in (ValueError, TypeError) else "error"

@@ -27,7 +27,7 @@ _ENVS = {}
 def env_of(**kw):
     key = json.dumps(kw, sort_keys=True)
     if key not in _ENVS:
-        _ENVS[key] = rgenv.load_environment(**kw)
+        _ENVS[key] = rgenv.ReasoningGym(**kw)
     return _ENVS[key]
 
 
@@ -107,7 +107,7 @@ def test_rows_are_deterministic_json_clean_and_regenerate(task):
     assert json.loads(json.dumps(rows)) == rows
     assert all(set(r) == {"seed", "task", "dataset_seed", "index", "config"} and isinstance(r["seed"], int) for r in rows)
     assert len({r["seed"] for r in rows}) == 4
-    fresh = rgenv.load_environment(task=task)  # another environment regenerates the same entries from the rows
+    fresh = rgenv.ReasoningGym(task=task)  # another environment regenerates the same entries from the rows
     for row in json.loads(json.dumps(rows)):
         assert fresh.reset(row)[1] == env.reset(row)[1]
 
@@ -143,8 +143,8 @@ def test_config_seed_moves_the_data():
 @pytest.mark.parametrize("task,junk", [("game_of_life_halting", "x"), ("coin_flip", "0")])
 def test_broken_scorers_are_refused_unless_allowed(task, junk):
     with pytest.raises(ValueError, match=f"task '{task}' has a broken scorer.*allow_broken_scorer"):
-        rgenv.load_environment(task=task)
-    env = rgenv.load_environment(task=task, allow_broken_scorer=True)
+        rgenv.ReasoningGym(task=task)
+    env = rgenv.ReasoningGym(task=task, allow_broken_scorer=True)
     assert task in env.broken
     solved = [play(env, row, f"<answer>{junk}</answer>")[2]["solved"] for row in env.examples(6, seed=0)]
     assert sum(solved) >= 2  # junk solves
@@ -154,11 +154,11 @@ def test_the_probe_catches_an_unlisted_broken_scorer(monkeypatch):
     """Beyond the listed tasks, the probe at load refuses any task (and config) whose scorer gives junk full marks."""
     monkeypatch.setattr(rgenv, "BROKEN_SCORERS", {})
     with pytest.raises(ValueError, match="coin_flip' has a broken scorer: the junk answer '0' gets full marks"):
-        rgenv.load_environment(task="coin_flip")
+        rgenv.ReasoningGym(task="coin_flip")
     dataset_cls = type(reasoning_gym.create_dataset("leg_counting", seed=0))
     monkeypatch.setattr(dataset_cls, "score_answer", lambda self, answer, entry: 1.0)
     with pytest.raises(ValueError, match="leg_counting' has a broken scorer: the junk answer 'x' gets full marks on 6 of 6"):
-        rgenv.load_environment(task="leg_counting")
+        rgenv.ReasoningGym(task="leg_counting")
 
 
 @pytest.mark.parametrize("env_args,flag", [({"task": "simple_integration"}, "allow_unsafe_scorer"),
@@ -166,14 +166,14 @@ def test_the_probe_catches_an_unlisted_broken_scorer(monkeypatch):
                                            ({"task": "codeio"}, "allow_unreproducible")])
 def test_unsafe_and_unreproducible_tasks_are_refused_unless_allowed(env_args, flag):
     with pytest.raises(ValueError, match=flag):
-        rgenv.load_environment(**env_args)
-    assert rgenv.load_environment(**env_args, **{flag: True}).names
+        rgenv.ReasoningGym(**env_args)
+    assert rgenv.ReasoningGym(**env_args, **{flag: True}).names
 
 
 def test_unreproducible_list_matches_two_processes():
     """The scan's method, on three tasks: the same rows in two processes with different PYTHONHASHSEED."""
     script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import env_reasoning_gym as m\n"
-              "env = m.load_environment(tasks={'leg_counting': 1, 'basic_arithmetic': 1, 'ransom_note': 1}, "
+              "env = m.ReasoningGym(tasks={'leg_counting': 1, 'basic_arithmetic': 1, 'ransom_note': 1}, "
               "allow_unreproducible=True)\n"
               "print(json.dumps({r['task'] + str(i): env.entry(r)['question'] for i, r in enumerate(env.examples(12, 0))}))")
     outs = [json.loads(subprocess.run([sys.executable, "-c", script, str(ROOT)], capture_output=True, text=True, check=True,
@@ -235,7 +235,7 @@ def test_library_prints_are_silenced(capsys):
     dataset = reasoning_gym.create_dataset("bf", seed=0)
     dataset[0]
     assert capsys.readouterr().out  # the library prints while it generates bf ...
-    env = rgenv.load_environment(task="bf")
+    env = rgenv.ReasoningGym(task="bf")
     for row in env.examples(2, seed=0):
         play(env, row, env.scripted_player("oracle")(env.reset(row)[0]))
         play(env, row, "<answer>x</answer>")
@@ -267,7 +267,7 @@ def test_library_prints_are_silenced(capsys):
 ])
 def test_bad_env_args_say_what_to_change(env_args, message):
     with pytest.raises(ValueError, match=message):
-        rgenv.load_environment(**env_args)
+        rgenv.ReasoningGym(**env_args)
 
 
 def test_load_env_turns_bad_args_into_a_message():
@@ -298,3 +298,10 @@ def test_rl_two_steps_then_eval(tiny_model_dir, tmp_path):
     printed = run_main("eval", ["--model", "oracle", "--env", "reasoning_gym", "--env_args", env_args, "-n", "4",
                                 "--show", "0", "--out", str(tmp_path / "oracle")])
     assert json.load(open(tmp_path / "oracle" / "summary.json"))["solved_rate"] == 1.0
+
+
+def test_a_size_in_the_config_is_a_fixed_pool_of_entries():
+    env = rgenv.ReasoningGym(task="basic_arithmetic", config={"size": 5})
+    rows = [r for s in range(20) for r in env.examples(10, seed=s)]
+    assert {r["index"] for r in rows} == set(range(5)) and {r["dataset_seed"] for r in rows} == {0}
+    assert len({env.entry(r)["question"] for r in rows}) == 5

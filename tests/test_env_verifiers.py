@@ -254,3 +254,24 @@ def test_rl_and_eval_run_on_each_kind_of_environment(tiny_model_dir, tmp_path, t
         out = run_main("eval", ["--model", str(tmp_path / name / "rl"), "--env", "verifiers", "--env_args", env_args,
                                    "-n", "2", "--max_new_tokens", "8", "--out", str(tmp_path / name / "eval")])
         assert "error_rate" in out and "reward" in out
+
+
+def test_a_reward_function_that_raises_is_an_error_not_a_silent_zero(tmp_path):
+    path = tmp_path / "raising.py"
+    path.write_text(textwrap.dedent('''
+        import verifiers as vf
+        from datasets import Dataset
+
+        def fine(completion, **kw):
+            return 0.5
+
+        def broken(completion, **kw):
+            raise RuntimeError("the judge is unreachable")
+
+        def load_environment():
+            rows = [{"question": "q", "answer": "a"}]
+            return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[fine, broken]))
+    '''))
+    env = ev.VerifiersEnv(path=str(path))
+    rewards, metrics, _ = play(env, 0, ["anything"])
+    assert rewards == {"fine": 0.5, "broken": 0.0} and metrics["error"] == 1

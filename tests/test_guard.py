@@ -1,0 +1,144 @@
+"""guard.py: third-party environment code in a worker process, every call under a time limit. A reply that hangs,
+crashes or eats the memory costs its own episode (reward 0, metric error/timeout), never the run; the other live
+episodes go on in a new worker, rebuilt from their replies. Then a fuzz of adversarial replies over reasoning-gym
+tasks and TextArena games, with the guard's overhead per call."""
+import math
+import random
+import textwrap
+import time
+
+import pytest
+
+from guard import Guarded
+
+MISBEHAVING = textwrap.dedent('''
+    import os, time
+
+    class Env:
+        """Count to 3, one reply a turn; some replies misbehave."""
+        system_prompt, max_turns, reward_weights = "Count.", 4, {"count": 1.0}
+
+        def __init__(self, start=0):
+            self.start = start
+
+        def examples(self, n, seed=0):
+            return [{"seed": seed * 1000 + i} for i in range(n)]
+
+        def reset(self, example):
+            return {"n": self.start, "seed": example["seed"]}, "Go."
+
+        def step(self, state, reply):
+            if reply == "hang":
+                time.sleep(3600)
+            if reply == "crash":
+                os._exit(3)
+            if reply == "eat":
+                hog = bytearray(1 << 36)
+            if reply == "raise":
+                raise RuntimeError("a library bug")
+            state["n"] += reply == "one more"
+            return None if state["n"] >= 3 else f"{state['n']} so far"
+
+        def rewards(self, state):
+            return {"count": state["n"] / 3}
+
+        def metrics(self, state):
+            return {"n_count": state["n"]}
+
+        def scripted_player(self, name, random_move_prob=0.0):
+            if name != "counter":
+                raise ValueError(f"no player {name!r}")
+            return lambda state: "one more"
+''')
+
+
+@pytest.fixture
+def guarded(tmp_path, monkeypatch):
+    (tmp_path / "misbehaving.py").write_text(MISBEHAVING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = Guarded("misbehaving:Env", {}, timeout=2.0, memory_mb=2048)
+    yield env
+    env.close()
+
+
+@pytest.mark.parametrize("bad", ["hang", "crash", "eat", "raise"])
+def test_a_misbehaving_reply_costs_its_episode_only(guarded, bad):
+    env = guarded
+    a, _ = env.reset({"seed": 1})
+    b, _ = env.reset({"seed": 2})
+    assert env.step(a, "one more") == "1 so far" and env.step(b, "one more") == "1 so far"
+    start = time.perf_counter()
+    assert env.step(b, bad) is None  # b ends at once, within its time limit
+    assert time.perf_counter() - start < env.timeout + 1.0
+    assert env.rewards(b) == {"count": 0.0}
+    assert env.metrics(b) == {"n_count": 0.0, "error": 1.0, "timeout": float(bad == "hang")}
+    assert env.step(b, "one more") is None  # an ended episode stays ended
+    # a goes on where it was (rebuilt in a new worker where the old one was killed) and ends normally
+    assert env.step(a, "one more") == "2 so far" and env.step(a, "one more") is None
+    assert env.rewards(a) == {"count": 1.0} and env.metrics(a)["error"] == 0
+    assert env.restarts == (bad in ("hang", "crash"))  # a MemoryError or an exception leaves the worker running
+
+
+def test_contract_through_the_guard(guarded):
+    env = guarded
+    assert (env.system_prompt, env.max_turns, env.reward_weights) == ("Count.", 4, {"count": 1.0})
+    assert env.reward_names == ["count"] and env.metric_names == ["n_count"]
+    assert env.examples(2, seed=3) == [{"seed": 3000}, {"seed": 3001}]
+    player = env.scripted_player("counter")
+    state, first = env.reset({"seed": 0})
+    while env.step(state, player(state)) is not None:
+        pass
+    assert env.rewards(state) == {"count": 1.0}
+    with pytest.raises(ValueError, match="no player 'nobody'"):
+        env.scripted_player("nobody")
+
+
+def test_bad_arguments_are_a_value_error_at_load(tmp_path, monkeypatch):
+    (tmp_path / "misbehaving.py").write_text(MISBEHAVING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        Guarded("misbehaving:Env", {"nope": 1})
+
+
+# ----------------------------------------------------------------------------- the fuzz
+
+ADVERSARIAL = ["<answer>9 * * 9 * * 9</answer>", "<answer>9**9**9**9</answer>", "<answer>" + "9" * 5000 + "</answer>",
+               "<answer>__import__('os').system('true')</answer>", "<answer>[" * 500 + "</answer>",
+               "<answer>1e999999</answer>", "<answer>(" * 200 + ")" * 200 + "</answer>", "\x00\ud800", "",
+               "[" + "9" * 4500 + "]", "[up]" * 1000, "[1, 2, 3]", "[A C]", "[999999999999 999999999999]",
+               "<answer>nan</answer>", "<answer>-inf</answer>", "[0 0 d]" * 50, "<answer>" + "A" * 10**5 + "</answer>"]
+
+
+def fuzz(env, n_episodes, rng):
+    worst = 0.0
+    for i in range(n_episodes):
+        state, _ = env.reset(env.examples(1, seed=i)[0])
+        for _ in range(min(env.max_turns, 6)):
+            reply = rng.choice(ADVERSARIAL) if rng.random() < 0.7 else "".join(rng.sample(ADVERSARIAL, 2))
+            start = time.perf_counter()
+            message = env.step(state, reply)
+            worst = max(worst, time.perf_counter() - start)
+            if message is None:
+                break
+        rewards = env.rewards(state)
+        assert all(math.isfinite(v) for v in rewards.values()) and set(env.metrics(state)) >= {"error", "timeout"}
+    return worst
+
+
+def test_fuzz_reasoning_gym_and_textarena_never_raise_or_overrun():
+    pytest.importorskip("reasoning_gym")
+    pytest.importorskip("textarena")
+    import env_reasoning_gym
+    import env_textarena
+    rng, replies = random.Random(0), 0
+    envs = [env_reasoning_gym.load_environment(task=t, timeout=5.0) for t in ("countdown", "basic_arithmetic",
+                                                                                  "puzzle24", "leg_counting")]
+    envs += [env_textarena.load_environment(game=g, timeout=5.0) for g in ("GuessTheNumber-v0", "TowerOfHanoi-v0",
+                                                                           "Set-v0", "2048-v0", "Minesweeper-v0")]
+    for env in envs:
+        calls = env.calls
+        worst = fuzz(env, 120, rng)
+        replies += env.calls - calls
+        assert worst < env.timeout + 1.0
+        env.close()
+    assert replies > 1000
