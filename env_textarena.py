@@ -14,20 +14,25 @@ is only what the game said since the model's last reply (the chat already holds 
 model's own move is left out). A reply is untrusted text: its last MAX_REPLY_CHARS characters go to the game (as
 TextArena's ClipCharactersActionWrapper clips), and a library error on it ends the episode as a loss, never a crash.
 
-Rewards: `game` (weight 1), the game's own result from env.close(): 1 for a win/solve, else the game's own partial
-score or penalty, in [-1, 1] (0 for a game cut off at max_turns; -1, TextArena's invalid-move penalty, where the
-library raised or gave a reward that is not a number); `format` (0.1): the share of replies that hold the game's
-action format as its prompt shows it (FAMILIES: `[12]` for GuessTheNumber, `[A C]` for TowerOfHanoi). Metrics: `win`
-(the full reward 1), `finished` (the game ended by itself), `n_invalid` (moves the game called invalid: TextArena
-allows one retry, a second invalid move in a row ends the game), `n_turns`, `format`. max_turns: (the game's own turn
-limit + 1) x 2, the most replies a game can take (the games check the limit before counting the turn, and every turn
-may take an invalid move and its retry), or 100 for a game without a limit; the `max_turns` argument overrides it.
+Rewards: `game` (weight 1): 1 for a solve/win and only then; else the game's own partial credit or penalty from
+env.close(), in [-1, 0.99], put right per family where the library's is out of range or pays for the wrong thing
+(SOLVED, RESCORE; docs/TEXTARENA.md); -1, TextArena's invalid-move penalty, where the library raised or its reward
+is not a number. A game cut off at max_turns gets the partial credit the game gives at its own turn limit (CREDIT;
+0 where it gives none), never less than quitting there with two invalid moves would get. `format` (0.1): the
+share of replies that hold the game's action format as its prompt shows it (FAMILIES: `[12]` for GuessTheNumber,
+`[A C]` for TowerOfHanoi). Metrics: `win` (solved), `finished` (the game ended by itself), `n_invalid` (moves the
+game called invalid: TextArena allows one retry, a second invalid move in a row ends the game), `n_turns`, `format`.
+max_turns: (the game's own turn limit + 1) x 2, the most replies a game can take (the games check the limit before
+counting the turn, and every turn may take an invalid move and its retry), or 100 for a game without a limit; the
+`max_turns` argument overrides it.
 
 TextArena draws from Python's process-global `random` (and its states call random.seed(seed) at reset): an episode
 keeps its own random state, seeded by the example's seed, swapped into the global `random` around every call into
 the library and swapped out after, so interleaved episodes play exactly as each alone and the caller's `random`
 is left as it was. The rollouts of one example play the same game (the same draws for the same moves).
 copy.deepcopy(state) works: the copy, live game and random state included, goes on apart from the original.
+The library runs behind guard.py, in a worker process: a game that hangs or crashes on a reply (or at reset)
+costs its episode (reward 0, metric `timeout` or `error`), never the run.
 
 Scripted players: `bisect` (GuessTheNumber: halves the range it reads from the game's "higher"/"lower" messages)
 and `hanoi` (TowerOfHanoi: the optimal move from the board it reads). docs/TEXTARENA.md: the game list, results.
@@ -41,6 +46,8 @@ import re
 import textarena as ta
 from textarena.core import ObservationType
 from textarena.envs.registration import ENV_REGISTRY
+
+from guard import Guarded
 
 MAX_REPLY_CHARS = 4000  # the reply's tail that reaches the game (int() of more than 4,300 digits raises)
 NO_LIMIT_TURNS = 100  # max_turns of a game without a turn limit of its own
@@ -56,7 +63,6 @@ FAMILIES = {
     "Countdown": (r"\[\s*\d+\s+\d+\s*[-+*/]\s*\]", True, "[0 2 *]"),
     "Crosswords": (r"\[\d+\s\d+\s[a-zA-Z]\]", False, "[0 0 d]"),
     "Cryptarithm": (r"\[\s*[A-Za-z]\s+\d\s*\]", True, "[A 5]"),
-    "FifteenPuzzle": (r"\[(?:up|down|left|right)\]", False, "[up]"),
     "FrozenLake": (r"\[\s*(?:up|down|left|right|w|a|s|d)\s*\]", False, "[up]"),
     "GuessTheNumber": (r"\[\d+\]", False, "[12]"),
     "LightsOut": (r"\[\d+\s+\d+\]", True, "[2 3]"),
@@ -78,10 +84,78 @@ REFUSED = {  # single-player families that do not run offline on Python 3.11, an
     "Hangman": NLTK, "WordLadder": NLTK, "Wordle": NLTK, "WordSearch": NLTK,
     "GuessWho": "its game master is an LLM behind OpenRouter (network and OPENROUTER_API_KEY)",
     "TwentyQuestions": "its game master is an LLM behind OpenRouter (network and OPENROUTER_API_KEY)",
+    "FifteenPuzzle": "shuffles its tiles uniformly, so about half of its boards cannot be solved, and a solve raises "
+                     "in the library (AttributeError: SinglePlayerState has no set_winners)",
     "Klondike": "its source needs Python 3.12 (SyntaxError on 3.11)",
     "UltimateTexasHoldem": "its source needs Python 3.12 (SyntaxError on 3.11)",
 }
 LOOSE_SUFFIXES = ("-raw", "-train")  # registered variants that differ only by wrappers
+
+# ----------------------------------------------------------------------------- scoring per family
+# Checked against textarena 0.7.4's sources and played games (docs/TEXTARENA.md has the table). The library's reward
+# is not always in [-1, 1] with 1 = solved, nor does a cut-off get what the game itself would give at that point:
+# these put it right per family; every other family's reward is taken as the library gives it.
+UNSOLVED_MAX = 0.99  # an unsolved game scores below a solve (Slitherlink's credit is 1.0 for clues met without a loop)
+SET_TURNS = 20  # Set-v0's turns: its reward is the number of sets found in them
+
+
+def completion(env):
+    """The partial credit most games give at their own turn limit and on an invalid move that ends the game."""
+    return env._get_percentage_completion()
+
+
+def game2048_credit(env):
+    """2048's own partial credit with its score share capped at 1: uncapped, a lost game without the target tile
+    reaches 1.0 (a 1024 tile and 10,000 points on 2048-v0); capped, at most 0.75 without it."""
+    score_share = env.state.game_state["score"] / (1.5 * env._min_score_to_reach_tile(env.target_tile))
+    return 0.5 * min(1.0, score_share) + 0.5 * env._max_tile() / env.target_tile
+
+
+def bandit_score(env, regret):
+    """Bandit compares the chosen button with the dict of means (never equal, so never 1) and rewards the regret (more
+    for a worse button): we give the chosen button's mean over the best one's, 1 for the best button (regret 0)."""
+    if regret < 0:  # its invalid-move penalty
+        return regret
+    best = max(env.state.game_state["ground_truth"].values())
+    return (best - regret) / best
+
+
+# family -> the partial credit the game gives an unsolved game at its own turn limit (or at its end where it has
+# none), given at a cut-off by max_turns; a family without one gets 0 there
+CREDIT = {
+    "Game2048": game2048_credit, "Blackjack": completion, "Countdown": lambda env: env._calculate_progress(),
+    "Crosswords": completion, "FrozenLake": completion, "GuessTheNumber": completion, "LightsOut": completion,
+    "LogicPuzzle": completion, "Mastermind": completion, "Minesweeper": completion, "PegJump": completion,
+    "RushHour": completion, "Set": lambda env: env.state.game_state["score"] / SET_TURNS,
+    "Slitherlink": lambda env: env._progress(), "Sokoban": completion, "Sudoku": completion,
+    "TowerOfHanoi": completion,
+}
+# family -> whether a game the library ended (with this reward) is solved, where its reward 1 is not exactly that
+SOLVED = {
+    "Game2048": lambda env, reward: env._max_tile() >= env.target_tile,
+    "Bandit": lambda env, regret: regret == 0.0,  # the best button
+    "Set": lambda env, reward: reward == SET_TURNS,  # a set on every turn
+    "Slitherlink": lambda env, reward: env._is_solved(),  # its credit is 1.0 for the clues met without a loop
+}
+# family -> the score of an unsolved game the library ended (its invalid-move ends included), where its reward is off
+RESCORE = {
+    "Game2048": lambda env, reward: game2048_credit(env),
+    "Bandit": bandit_score,
+    # its end gives wins / hands, its invalid move (wins + draws / 2) / hands: quitting beat playing a draw on
+    "Blackjack": lambda env, reward: completion(env),
+    # a complete wrong mapping gives 0, its turn limit the share of letters given any digit (up to 7/8): both 0
+    "Cryptarithm": lambda env, reward: 0.0,
+    "Set": lambda env, reward: reward / SET_TURNS,  # the number of sets found (up to 20)
+}
+
+
+def same_card_thrice(env, reply):
+    """Set: the library scores "[k, k, k]" (one card three times) as a Set, so 20 such replies would score 20."""
+    cards = env._parse_action(reply)
+    return "the same card three times is not a Set." if cards and len(set(cards)) == 1 else None
+
+
+GUARDS = {"Set": same_card_thrice}  # family -> the reason a reply the library would take is an invalid move, or None
 
 
 def family(game_id):
@@ -119,6 +193,21 @@ def own_random(state):
     finally:
         state["random"] = random.getstate()
         random.setstate(outer)
+
+
+def bounded(score):
+    """An unsolved game's score in [-1, UNSOLVED_MAX] (LightsOut's credit goes to -8.5 with more lights on than at
+    the start)."""
+    return max(LOSS, min(UNSOLVED_MAX, float(score)))
+
+
+def reject(env, reply, reason):
+    """Whether the game is over after the library's own handling of an invalid move (one retry, then the game ends
+    with the family's invalid-move reward: 0 for Set), for a reply it would have taken."""
+    env.state.add_observation(from_id=env.state.current_player_id, message=reply,
+                              observation_type=ObservationType.PLAYER_ACTION)
+    env.state.set_invalid_move(reason=reason, reward=0.0)
+    return env.state.step()[0]
 
 
 def game_lines(observation):
@@ -178,8 +267,8 @@ class TextArena:
         if example.get("game", self.game) != self.game:
             raise ValueError(f"an example of {example['game']!r} given to the {self.game!r} environment")
         state = {"game": self.game, "seed": example["seed"], "random": random.Random(example["seed"]).getstate(),
-                 "turns": 0, "well_formed": 0, "invalid": 0, "done": False, "finished": False, "game_reward": None,
-                 "reason": None, "replies": [], "observations": []}
+                 "turns": 0, "well_formed": 0, "invalid": 0, "done": False, "finished": False, "solved": False,
+                 "game_reward": None, "reason": None, "replies": [], "observations": []}
         with own_random(state):
             env = ta.make(self.game + "-raw")  # the registered game without wrappers
             env.reset(num_players=1, seed=example["seed"])
@@ -202,25 +291,37 @@ class TextArena:
         env, message = state["env"], None
         try:
             with own_random(state):
-                done, _ = env.step(text)
+                guard = GUARDS.get(self.family)
+                reason = guard(env, text) if guard else None
+                done = reject(env, text, reason) if reason else env.step(text)[0]
                 state["invalid"] += bool(env.state.error_count > 0 or (done and env.state.game_info[0].get("invalid_move")))
                 if done:
                     rewards, info = env.close()
-                    value = (rewards or {}).get(0, 0.0)  # Countdown, Cryptarithm, Slitherlink: a string on an invalid end
-                    state["game_reward"] = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else LOSS
+                    state["game_reward"], state["solved"] = self.score(env, (rewards or {}).get(0, 0.0))
                     state["reason"], state["finished"] = str(info[0].get("reason")), True
+                elif state["turns"] >= self.max_turns:
+                    done, state["reason"] = True, f"cut off after max_turns={self.max_turns} replies"
+                    state["game_reward"] = bounded(CREDIT[self.family](env)) if self.family in CREDIT else 0.0
                 else:
                     message = game_lines(env.get_observation()[1]) or "[GAME] Your move."
         except Exception as e:  # a library error on untrusted text: the episode ends as a loss
             done, state["game_reward"] = True, LOSS
             state["reason"] = f"the library raised {type(e).__name__}: {str(e)[:200]}"
-        if not done and state["turns"] >= self.max_turns:
-            done, state["reason"] = True, f"cut off after max_turns={self.max_turns} replies"
         state["done"] = done
         if done:
             return None
         state["observations"].append(message)
         return message
+
+    def score(self, env, reward):
+        """(game reward, solved) of a game the library ended with `reward`."""
+        # Countdown, Cryptarithm, Slitherlink, ThreeCardMonte: a string for a game ended by invalid moves
+        if not (isinstance(reward, (int, float)) and math.isfinite(reward)):
+            return LOSS, False
+        solved = SOLVED[self.family](env, reward) if self.family in SOLVED else reward == 1.0
+        if solved:
+            return 1.0, True
+        return bounded(RESCORE[self.family](env, reward) if self.family in RESCORE else reward), False
 
     def game_reward(self, state):
         return state["game_reward"] if state["game_reward"] is not None else 0.0
@@ -229,7 +330,7 @@ class TextArena:
         return {"game": self.game_reward(state), "format": state["well_formed"] / max(state["turns"], 1)}
 
     def metrics(self, state):
-        return {"win": float(self.game_reward(state) >= 1.0), "finished": float(state["finished"]),
+        return {"win": float(state["solved"]), "finished": float(state["finished"]),
                 "n_invalid": state["invalid"], "n_turns": state["turns"],
                 "format": state["well_formed"] / max(state["turns"], 1)}
 
@@ -291,7 +392,10 @@ def hanoi_move(state, rng=None):
     return "[{} {}]".format(*(move(len(where), "C") or ("A", "C")))
 
 
-def load_environment(game="GuessTheNumber-v0", max_turns=None):
+def load_environment(game="GuessTheNumber-v0", max_turns=None, timeout=60.0):
     """game: a TextArena single-player game id that runs offline (docs/TEXTARENA.md lists them); max_turns: the most
-    replies in an episode (default: (the game's own turn limit + 1) x 2, or 100 for a game without one)."""
-    return TextArena(game, max_turns)
+    replies in an episode (default: (the game's own turn limit + 1) x 2, or 100 for a game without one); timeout:
+    seconds a call (a reset or a move) may take before its episode scores 0 with metric `timeout` (guard.py: the
+    library runs in a worker process)."""
+    check_game(game)  # a refused game is said before a worker starts
+    return Guarded("env_textarena:TextArena", {"game": game, "max_turns": max_turns}, timeout=timeout)

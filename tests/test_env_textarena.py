@@ -2,6 +2,7 @@
 the games that work and the ones refused, episodes that play the same interleaved or alone (the library draws from
 the process-global `random`), untrusted replies, the scripted players, and rl.py / eval.py on a game."""
 import copy
+import itertools
 import json
 import os
 import random
@@ -27,7 +28,7 @@ for _game in et.WORKING_GAMES:
 
 
 def load(game=GTN, **kw):
-    return et.load_environment(game=game, **kw)
+    return et.TextArena(game=game, **kw)
 
 
 def play(env, example, replies):
@@ -91,7 +92,9 @@ def test_max_turns_is_the_games_limit_and_an_argument_cuts_episodes():
     state, _ = env.reset({"seed": 7})
     g, h = [n for n in range(1, 21) if n != state["env"].game_number][:2]
     assert env.step(state, f"[{g}]") is not None and env.step(state, f"[{h}]") is None
-    assert env.rewards(state)["game"] == 0.0 and env.metrics(state)["finished"] == 0.0 and "cut off" in state["reason"]
+    assert env.metrics(state)["finished"] == 0.0 and "cut off" in state["reason"]
+    target = state["env"].game_number  # the credit the game gives at its own turn limit: the last guess's closeness
+    assert env.rewards(state)["game"] == 1 - abs(h - target) / 19
 
 
 @pytest.mark.parametrize("args,match", [
@@ -102,7 +105,7 @@ def test_max_turns_is_the_games_limit_and_an_argument_cuts_episodes():
 ])
 def test_bad_arguments_raise_naming_them(args, match):
     with pytest.raises(ValueError, match=match):
-        et.load_environment(**args)
+        et.TextArena(**args)
     with pytest.raises(SystemExit, match="bad --env_args for textarena"):
         common.load_env("textarena", args)
 
@@ -144,8 +147,207 @@ def test_every_working_family_plays_copies_and_scores_in_range(game):
                 assert message == rest[i - 2]
         rewards, metrics = env.rewards(state), env.metrics(state)
         assert -1.0 <= rewards["game"] <= 1.0 and 0.0 <= rewards["format"] <= 1.0 and set(rewards) == set(env.reward_weights)
+        assert metrics["win"] == float(rewards["game"] == 1.0)
         assert json.loads(json.dumps(metrics)) == metrics and metrics["n_invalid"] <= metrics["n_turns"]
         assert state["reason"] is None or "the library raised" not in state["reason"]
+
+
+# ----------------------------------------------------------------------------- rewards: range, wins, cut-offs
+
+
+def a_set(state):
+    """The first Set on the board (the library's own test of three cards)."""
+    from textarena.envs.Set.env import _is_set
+    board = state["env"].state.game_state["board"]
+    i, j, k = next(c for c in itertools.combinations(range(len(board)), 3) if _is_set([board[i] for i in c]))
+    return f"[{i + 1}, {j + 1}, {k + 1}]"
+
+
+def crossword_letter(state):
+    game = state["env"].state.game_state
+    r, c = next((r, c) for r, row in enumerate(game["board"]) for c, cell in enumerate(row) if cell == "_")
+    return f"[{r} {c} {game['solution'][r][c]}]"
+
+
+def sudoku_digit(state):
+    env = state["env"]
+    r, c = next((r, c) for r, row in enumerate(env.state.game_state["board"]) for c, cell in enumerate(row) if not cell)
+    return f"[{r + 1} {c + 1} {env.full_grid[r][c]}]"
+
+
+def safe_cell(state):
+    env = state["env"]
+    return "[{} {}]".format(*next((r, c) for r in range(env.rows) for c in range(env.cols)
+                                  if env.grid[r][c] != -1 and not env.revealed[r][c]))
+
+
+def logic_mark(state):
+    grid = next(iter(state["env"].game_board_solution.values()))
+    row, marks = next(iter(grid.items()))
+    return "[{} {} {}]".format(row, *next(iter(marks.items())))
+
+
+PLAY_ON = {  # replies (or a function of the state giving one) that leave each game going, most making progress
+    "2048-v0-ultra-easy": ["[left]", "[down]", "[right]", "[down]"],
+    "Bandit-v0": ["[red]", "[blue]"],
+    "Blackjack-v0": ["[stand]", "[stand]"],
+    "Countdown-v0": ["[0 1 +]"],
+    "Crosswords-v0": [crossword_letter],
+    "Cryptarithm-v0": ["[S 9]", "[E 5]"],
+    "FrozenLake-v0": [lambda state: "[down]" if state["env"].state.game_state["grid"][0][1] == "H" else "[right]"],
+    "GuessTheNumber-v0": [lambda state: f"[{state['env'].game_number % 20 + 1}]"],
+    "LightsOut-v0": ["[0 0]", "[2 2]"],
+    "LogicPuzzle-v0": [logic_mark],
+    "Mastermind-v0": ["[1 2 3 4]"],
+    "Minesweeper-v0": ["[3 3]", safe_cell],
+    "PegJump-v0": ["[12 5]", "[3 8]"],
+    "RushHour-v0": ["[X+]"],
+    "Secretary-v0": ["[continue]"],
+    "Set-v0": [a_set],
+    "Slitherlink-v0": ["[h 0 0]"],
+    "Sokoban-v0": [lambda state: next(f"[{d}]" for d in ("up", "down", "left")
+                                      if not state["env"]._would_collide_with_wall(d))],
+    "Sudoku-v0-easy": [sudoku_digit],
+    "ThreeCardMonte-v0": ["[7]"],
+    "TowerOfHanoi-v0": ["[A C]", "[A B]", "[C B]", "[A C]"],
+}
+# the families whose game ended by two invalid moves gets a penalty (-1; Set 0) rather than its partial credit
+QUIT_PENALISED = {"Bandit", "Countdown", "Cryptarithm", "Secretary", "Set", "Slitherlink", "ThreeCardMonte"}
+
+
+@pytest.mark.parametrize("game", sorted(ONE_PER_FAMILY.values()))
+def test_a_cut_off_game_scores_what_the_game_gives_there_never_below_quitting(game):
+    """A game cut off at max_turns gets the partial credit the game itself gives at its own turn limit: exactly what
+    quitting there with two invalid moves gets where that keeps the credit, never less (2048 once scored a cut-off
+    0, below an early quit)."""
+    replies, fam = PLAY_ON[game], et.family(game)
+    envs = {"cut": load(game, max_turns=len(replies)), "quit": load(game)}
+    for row in envs["quit"].examples(2, seed=3):
+        score = {}
+        for how, env in envs.items():
+            state, _ = env.reset(row)
+            for reply in replies + (["", ""] if how == "quit" else []):  # the second invalid move in a row ends it
+                env.step(state, reply(state) if callable(reply) else reply)
+            if how == "quit":  # ended by the invalid moves, not before
+                assert state["finished"] and state["turns"] > len(replies)
+            else:
+                assert not state["finished"] and state["turns"] == len(replies)
+            assert state["done"] and not state["solved"]
+            score[how] = env.rewards(state)["game"]
+        assert score["cut"] == score["quit"] if fam not in QUIT_PENALISED else score["cut"] >= score["quit"]
+        assert score["cut"] == (et.bounded(et.CREDIT[fam](state["env"])) if fam in et.CREDIT else 0.0)
+
+
+def test_set_scores_its_sets_out_of_20_wins_only_with_all_20_and_one_card_thrice_is_invalid():
+    env = load("Set-v0")
+    state, _ = env.reset({"seed": 4})
+    assert env.step(state, a_set(state)) is not None and state["env"].state.game_state["score"] == 1
+    assert "the same card three times is not a Set" in env.step(state, "[2, 2, 2]")  # the library scores it a Set
+    assert env.step(state, "[5, 5, 5]") is None and state["invalid"] == 2  # the second in a row ends the game
+    assert env.rewards(state)["game"] == 0.0 and env.metrics(state)["win"] == 0.0  # Set's invalid-move end: 0
+    _, rewards, metrics = play(env, {"seed": 4}, ["[1, 1, 1]"] * 20)
+    assert rewards["game"] == 0.0 and metrics["n_turns"] == 2  # the library alone: 20 points
+    cut = load("Set-v0", max_turns=1)
+    state, _ = cut.reset({"seed": 4})
+    assert cut.step(state, a_set(state)) is None  # one set found, then cut off
+    assert cut.rewards(state)["game"] == 1 / 20 and cut.metrics(state)["win"] == 0.0
+    state, _ = env.reset({"seed": 4})
+    state["env"].state.game_state.update(score=18, num_turns=18)  # two turns before the end, 18 sets found
+    env.step(state, "[1, 2, 3]" if a_set(state) != "[1, 2, 3]" else "[1, 2, 4]")  # not a Set: 18 of 20
+    env.step(state, a_set(state))
+    assert env.rewards(state)["game"] == 19 / 20 and env.metrics(state)["win"] == 0.0 and state["finished"]
+    state, _ = env.reset({"seed": 4})
+    state["env"].state.game_state.update(score=19, num_turns=19)
+    assert env.step(state, a_set(state)) is None  # a set on each of the 20 turns
+    assert env.rewards(state)["game"] == 1.0 and env.metrics(state)["win"] == 1.0
+
+
+def test_bandit_pays_the_chosen_buttons_mean_over_the_best_and_wins_only_with_the_best():
+    env = load("Bandit-v0")
+    state, _ = env.reset({"seed": 2})
+    means = state["env"].state.game_state["ground_truth"]
+    scores = {}
+    for button in means:
+        _, rewards, metrics = play(env, {"seed": 2}, ["[red]"] * 20 + [f"[{button}]"])
+        assert metrics["finished"] == 1.0 and metrics["win"] == float(means[button] == max(means.values()))
+        scores[button] = rewards["game"]
+    assert sorted(scores, key=scores.get) == sorted(means, key=means.get)  # the library's regret pays the worst most
+    assert scores == pytest.approx({button: mean / max(means.values()) for button, mean in means.items()})
+
+
+def test_2048_wins_only_with_the_target_tile_and_scores_a_lost_game_below_it():
+    env = load("2048-v0")
+    state, _ = env.reset({"seed": 1})
+    board = state["env"].state.game_state["board"]  # a 1024 tile and 10,000 points: the library's credit is 1.0
+    board[:] = [[1024, 512, 256, 128], [4, 8, 16, 32], [2, 4, 8, 16], [4, 2, 4, 2]]
+    state["env"].state.game_state["score"] = 10_000
+    assert env.step(state, "no move") is not None and env.step(state, "no move") is None
+    assert state["env"].close()[0][0] == 1.0
+    assert env.rewards(state)["game"] == 0.75 and env.metrics(state)["win"] == 0.0
+    env = load("2048-v0-ultra-easy")
+    state, _ = env.reset({"seed": 1})
+    state["env"].state.game_state["board"][:] = [[16, 16, 0, 0], [0] * 4, [0] * 4, [0] * 4]
+    assert env.step(state, "[left]") is None and env.rewards(state)["game"] == 1.0 and env.metrics(state)["win"] == 1.0
+
+
+def test_blackjack_counts_a_draw_half_at_the_end_as_when_quitting():
+    env = load("Blackjack-v0")
+    _, rewards, metrics = play(env, {"seed": 5}, ["[stand]"] * 5)  # 1 won, 1 drawn, 3 lost
+    assert metrics["finished"] == 1.0 and rewards["game"] == 1.5 / 5  # the library: 1 / 5, below quitting at hand 5
+
+
+def test_cryptarithm_gives_no_credit_for_letters_given_wrong_digits():
+    env = load("Cryptarithm-v0")
+    assignments = ["[S 9]", "[E 5]", "[N 6]", "[D 7]", "[M 1]", "[O 0]", "[R 8]"]
+    _, rewards, metrics = play(env, {"seed": 1}, assignments + ["[Y 3]"])  # complete but wrong (Y is 2)
+    assert metrics["finished"] == 1.0 and rewards["game"] == 0.0 and metrics["win"] == 0.0
+    _, rewards, metrics = play(load("Cryptarithm-v0", max_turns=7), {"seed": 1}, assignments)
+    assert rewards["game"] == 0.0 and metrics["finished"] == 0.0  # the library's own turn limit: 7 / 8
+    _, rewards, metrics = play(env, {"seed": 1}, ["[S 9]"] * 101)  # to the library's own turn limit
+    assert metrics["finished"] == 1.0 and rewards["game"] == 0.0
+    _, rewards, metrics = play(env, {"seed": 1}, assignments + ["[Y 2]"])
+    assert rewards["game"] == 1.0 and metrics["win"] == 1.0
+
+
+def most_lights_on(state):
+    """The press that turns the most lights on."""
+    grid = state["env"].state.game_state["grid"]
+
+    def dark(r, c):
+        return sum(0 <= r + dr < 5 and 0 <= c + dc < 5 and not grid[r + dr][c + dc]
+                   for dr, dc in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)))
+    return "[{} {}]".format(*max(itertools.product(range(5), repeat=2), key=lambda cell: dark(*cell)))
+
+
+def test_lights_out_with_more_lights_on_than_at_the_start_scores_no_less_than_minus_1():
+    env = load("LightsOut-v0")
+    state, _ = env.reset({"seed": 3})
+    while env.step(state, most_lights_on(state)) is not None:
+        pass
+    assert state["env"].close()[0][0] < -1.0 and env.rewards(state)["game"] == -1.0  # the library: -1.2
+
+
+def test_slitherlink_clues_met_without_a_loop_are_not_a_solve():
+    edges = ["[h 0 1]", "[h 0 3]", "[h 1 3]", "[h 3 0]", "[h 3 2]", "[h 4 1]", "[h 4 3]",
+             "[v 0 0]", "[v 0 2]", "[v 1 0]", "[v 2 3]", "[v 3 0]", "[v 3 3]"]
+    env = load("Slitherlink-v0", max_turns=len(edges))
+    state, _ = env.reset({"seed": 11})
+    for edge in edges:
+        env.step(state, edge)
+    assert state["env"]._progress() == 1.0 and not state["env"]._is_solved()  # every clue met, no single loop
+    assert env.rewards(state)["game"] == et.UNSOLVED_MAX < 1.0 and env.metrics(state)["win"] == 0.0
+    assert env.score(state["env"], 1.0) == (et.UNSOLVED_MAX, False)  # the library's reward at its own turn limit
+
+
+@pytest.mark.parametrize("game", sorted(ONE_PER_FAMILY.values()))
+def test_random_replies_score_in_range_and_win_only_on_a_solve(game):
+    env = load(game)
+    own = [r for r in PLAY_ON[game] if isinstance(r, str)] + [et.FAMILIES[env.family][2]]
+    pool = own * 10 + [r for r in sum(PLAY_ON.values(), []) if isinstance(r, str)] + [""]  # the game's own moves mostly
+    for row in env.examples(2, seed=8):
+        rng = random.Random(row["seed"])
+        _, rewards, metrics = play(env, row, [rng.choice(pool) for _ in range(40)])
+        assert -1.0 <= rewards["game"] <= 1.0 and metrics["win"] == float(rewards["game"] == 1.0)
 
 
 # ----------------------------------------------------------------------------- the global random state
