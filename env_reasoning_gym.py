@@ -39,8 +39,8 @@ Refused unless allowed:
   - UNREPRODUCIBLE: entries that differ between two processes with different PYTHONHASHSEED, or between two
     generations in one process (a one-off scan, docs/REASONING_GYM.md).
 Four scorers eval() the answer for partial credit (a list written as Python, EVAL_SCORERS): in those modules eval
-is replaced by ast.literal_eval where the environment is built. The library prints in some tasks: stdout is silenced while it creates,
-generates and scores.
+is replaced by ast.literal_eval where the environment is built. The library prints in some tasks: stdout is
+silenced while it creates, generates and scores.
 
 Scripted players: `oracle` (the reference answer, well-formed) and `blank` (an empty answer).
 

@@ -212,8 +212,10 @@ class VerifiersEnv:
         for i, row in enumerate(self.rows):
             prompt = [plain(m) for m in row.get("prompt") or []]
             roles = [m.get("role") for m in prompt]
-            if roles not in (["system", "user"], ["user"]) or not all(isinstance(m.get("content"), str) for m in prompt):
-                raise ValueError(f"row {i}'s prompt is {roles} (or not text): only [system, user] text prompts run here")
+            text = all(isinstance(m.get("content"), str) for m in prompt)
+            if roles not in (["system", "user"], ["user"]) or not text:
+                raise ValueError(f"row {i}'s prompt is {roles} (or not text): only [system, user] text prompts "
+                                 "run here")
             systems.add(prompt[0]["content"] if roles[0] == "system" else "")
             info = row.get("info")
             if isinstance(info, dict) and "tool_defs" in info:

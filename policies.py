@@ -183,7 +183,8 @@ def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=1
 
 def add_policy_args(p):
     """Flags shared by the scripts that play episodes with any policy (eval.py, env_tictactoe.py)."""
-    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with --api_base, a scripted player (random, minimax), or a function module:function (conversation -> reply)")
+    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with "
+                   "--api_base, a scripted player (random, minimax), or a function module:function (conversation -> reply)")
     p.add_argument("--env", default="tictactoe", help="environment NAME: imports env_NAME.py")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")

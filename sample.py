@@ -333,7 +333,8 @@ def advance(env, ep, reply):
     ep["messages"].append({"role": "assistant", "content": reply})
     msg = env.step(ep["state"], reply)
     if msg is not None:
-        ep["messages"] += msg if isinstance(msg, list) else [msg if isinstance(msg, dict) else {"role": "user", "content": msg}]
+        ep["messages"] += msg if isinstance(msg, list) else [msg if isinstance(msg, dict) else
+                                                             {"role": "user", "content": msg}]
     return msg is None
 
 

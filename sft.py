@@ -182,8 +182,8 @@ def model_path(args, env, rank, resume):
     if args.model != "scratch":
         return args.model
     if rank == 0:
-        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers, args.n_heads, seed=args.seed,
-                      teacher=args.teacher)
+        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers, args.n_heads,
+                      seed=args.seed, teacher=args.teacher)
     wait_for_rank0(f"scratch model in {args.out}_init")
     return args.out + "_init"
 
@@ -219,8 +219,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default="scratch", help="hub id or directory to fine-tune, or 'scratch' to build a small model offline")
     p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
-    p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), a function module:function "
-                   "(conversation -> reply), an API model with --api_base, or an HF model")
+    p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), a function "
+                   "module:function (conversation -> reply), an API model with --api_base, or an HF model")
     p.add_argument("--teacher_random_prob", type=float, default=0.2, help="scripted minimax teacher: its random-move probability")
     p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
     add_api_args(p, "--teacher")
@@ -299,7 +299,8 @@ def main():
 
     def run_eval(step):
         model.eval()
-        policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64, tools=getattr(env, "tools", None))
+        policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64,
+                          tools=getattr(env, "tools", None))
         evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n)
         results.update({name: s for name, (s, _) in evals.items()})
         log.evals(step, evals)

@@ -203,7 +203,8 @@ def test_num_groups_buckets_every_step():
 
 
 REFUSED = {
-    "group reward": ("def g(completions, **kw):\n    return [1.0 for _ in completions]\n", "rubric=vf.Rubric(funcs=[g])",
+    "group reward": ("def g(completions, **kw):\n    return [1.0 for _ in completions]\n",
+                     "rubric=vf.Rubric(funcs=[g])",
                      "group reward functions"),
     "few-shot": ("def g(completion, **kw):\n    return 1.0\n", "rubric=vf.Rubric(funcs=[g]), few_shot=[{'role': "
                  "'user', 'content': 'a'}, {'role': 'assistant', 'content': 'b'}]", "few-shot"),
