@@ -6,6 +6,7 @@ Nothing here is RL or SFT: sample.py (rollouts), sft.py and rl.py (the algorithm
 """
 import contextlib
 import errno
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -477,7 +478,12 @@ class RunLog:
     def __call__(self, step, metrics):
         if self.report_to and not self.tracker:  # trackio keeps its runs on this machine; wandb needs an account or WANDB_MODE=offline
             self.tracker = importlib.import_module(self.report_to)
-            self.tracker.init(project="nanorlenv", name=os.path.normpath(self.args.out), config=vars(self.args))
+            # a --resume goes on in the run of the same name (trackio and wandb; wandb needs the id as well)
+            again = {"resume": "allow"} if getattr(self.args, "resume", False) else {}
+            if self.report_to == "wandb":
+                again["id"] = hashlib.sha256(os.path.abspath(self.args.out).encode()).hexdigest()[:16]
+            self.tracker.init(project="nanorlenv", name=os.path.normpath(self.args.out), config=vars(self.args),
+                              **again)
         parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
         print(" | ".join(parts), flush=True)
         if self.path:

@@ -562,3 +562,13 @@ def test_report_to_trackio_logs_every_metrics_line(tiny_model_dir, tmp_path):
     assert len(logs) == len(rows) == 4  # two steps, then the final evaluation's two settings
     for got, row in zip(logs, rows):
         assert {k: got[k] for k in row} == row
+    # --resume goes on in the same tracker run
+    run = subprocess.run([sys.executable, "rl.py", "--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "3",
+                          "--max_new_tokens", "4", "--eval_every", "0", "--eval_n", "1", "--device", "cpu", "--out", out,
+                          "--report_to", "trackio", "--resume"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    logs = json.loads(subprocess.run([sys.executable, "-c", read, os.path.normpath(out)], env=env, capture_output=True,
+                                     text=True, timeout=120).stdout)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(logs) == len(rows) > 4 and [r["step"] for r in logs] == [r["step"] for r in rows]
