@@ -42,6 +42,9 @@ def summarize(records):
         out[key] = sum(r["metrics"][k] for r in records) / n
     for k in records[0]["rewards"]:
         out[f"reward_{k}"] = sum(r["rewards"][k] for r in records) / n
+    tasks = sorted({str(r["example"].get("task")) for r in records if isinstance(r.get("example"), dict)})
+    if len(tasks) > 1:  # a mix of tasks (reasoning-gym's): each task's own summary too
+        out["by_task"] = {t: summarize([r for r in records if str(r["example"].get("task")) == t]) for t in tasks}
     return out
 
 
@@ -53,8 +56,11 @@ def format_summary(s, title=""):
     if "reward_mean" in s:
         rows.append(f"  {'reward':<18} {s['reward_mean']:.4f} ± {s['reward_se']:.4f}")
     for k, v in s.items():
-        if k not in ("n", "reward_mean", "reward_se"):
+        if k not in ("n", "reward_mean", "reward_se", "by_task"):
             rows.append(f"  {k:<18} " + (f"{v:.1%}" if k.endswith("_rate") else f"{v:.4g}" if isinstance(v, float) else str(v)))
+    for task, t in s.get("by_task", {}).items():
+        rates = ", ".join(f"{k[:-5]} {v:.1%}" for k, v in t.items() if k.endswith("_rate"))
+        rows.append(f"  {'task ' + task:<18} {t['n']} episodes, reward {t['reward_mean']:.4f}, {rates}")
     return "\n".join(rows)
 
 

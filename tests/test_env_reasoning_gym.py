@@ -305,3 +305,12 @@ def test_a_size_in_the_config_is_a_fixed_pool_of_entries():
     rows = [r for s in range(20) for r in env.examples(10, seed=s)]
     assert {r["index"] for r in rows} == set(range(5)) and {r["dataset_seed"] for r in rows} == {0}
     assert len({env.entry(r)["question"] for r in rows}) == 5
+
+
+def test_a_mix_reports_each_tasks_score(tmp_path):
+    from conftest import run_main
+    printed = run_main("eval", ["--model", "oracle", "--env", "reasoning_gym", "--env_args", json.dumps(MIX), "-n", "12",
+                                "--out", str(tmp_path)])
+    by_task = json.load(open(tmp_path / "summary.json"))["by_task"]
+    assert set(by_task) == set(MIX["tasks"]) and sum(t["n"] for t in by_task.values()) == 12
+    assert all(t["solved_rate"] == 1.0 for t in by_task.values()) and "task leg_counting" in printed
