@@ -384,12 +384,13 @@ def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progres
 
 
 def rollout_metrics(records):
-    """The means over rollout records of the reward, its components and the environment's metrics (not its counts,
-    n_*), and the reply lengths: tokens per reply, the longest, and the share of replies cut off at the limit."""
+    """The means over rollout records of the reward, its components and the environment's metrics (its counts n_X as
+    mean_X), and the reply lengths: tokens per reply, the longest, and the share of replies cut off at the limit."""
     n = len(records)
     out = {"reward": sum(r["reward"] for r in records) / n}
     out.update({f"reward_{k}": sum(r["rewards"][k] for r in records) / n for k in records[0]["rewards"]})
-    out.update({k: sum(r["metrics"][k] for r in records) / n for k in records[0].get("metrics", {}) if not k.startswith("n_")})
+    out.update({f"mean_{k[2:]}" if k.startswith("n_") else k: sum(r["metrics"][k] for r in records) / n
+                for k in records[0].get("metrics", {})})  # counts n_* as their mean, as eval.py names them
     lengths = [len(run) for r in records for run in "".join(map(str, r["mask"])).split("0") if run]  # runs of mask == 1
     out.update(reply_len=sum(lengths) / max(len(lengths), 1), reply_len_max=max(lengths, default=0),
                truncated=sum(r.get("truncated", 0) for r in records) / max(len(lengths), 1))

@@ -505,7 +505,9 @@ def test_rl_two_steps_then_eval_on_a_game(tiny_model_dir, tmp_path):
                               "--device", "cpu", "--out", out])
     assert "step 2 | reward" in printed and os.path.exists(os.path.join(out, "model.safetensors"))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert [r["step"] for r in rows if "reward" in r] == [1, 2] and all("reward_game" in r for r in rows if "reward" in r)
+    steps = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all("reward_game" in r for r in steps)
+    assert all(r["mean_turns"] >= 1 and "mean_invalid" in r for r in steps)  # counts n_* logged as their means
     printed = run_main("eval", ["--env", "textarena", "--env_args", args, "--model", out, "-n", "2", "--max_new_tokens", "8",
                                 "--device", "cpu", "--out", str(tmp_path / "eval")])
     summary = json.load(open(tmp_path / "eval" / "summary.json"))
