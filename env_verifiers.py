@@ -156,7 +156,9 @@ class VerifiersEnv:
                       for t in self.env.tool_defs or []] or None
         self.loop = asyncio.new_event_loop()
         self.client = _client_class(Client, vf)(None)
-        logging.getLogger("verifiers").addHandler(ErrorLog(logging.ERROR))
+        logger = logging.getLogger("verifiers")
+        if not any(isinstance(h, ErrorLog) for h in logger.handlers):
+            logger.addHandler(ErrorLog(logging.ERROR))
 
     @staticmethod
     def _module(id, path):
