@@ -25,7 +25,7 @@ Rewards: each rubric function by its own name with the rubric's weight (`reward_
 metrics, with `error` (1 where Verifiers recorded an error, or a reward function or tool raised: Verifiers scores
 those 0 and logs them). Refused at load, with the reason: group reward functions, few-shot prompts, judge rubrics
 (a network model), sandboxes, environment groups, prompts that are not [system, user] text, and verifiers outside
-0.3.x (0.4 keeps only its v1 API). It runs behind guard.py like every third-party environment: a hung reward
+0.1.14-0.3.x (0.4 keeps only its v1 API). It runs behind guard.py like every third-party environment: a hung reward
 function or tool costs its episode (metric `timeout`), never the run; the library's signal handlers, atexit hooks
 and process pools stay in the guard's worker.
 """
@@ -44,7 +44,7 @@ import time
 
 from guard import Guarded
 
-SUPPORTED = "verifiers>=0.3,<0.4 (`uv pip install verifiers==0.3.1`)"
+SUPPORTED = "verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; `uv pip install verifiers==0.3.1`)"
 DEFAULT_MAX_TURNS = 16
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 CURRENT = contextvars.ContextVar("episode")  # the episode whose rollout task is running (a task copies it)
@@ -57,12 +57,13 @@ def import_verifiers():
     except ImportError:
         raise ValueError(f"--env verifiers needs the verifiers package: {SUPPORTED}") from None
     try:
-        from verifiers.legacy.clients import Client
+        from verifiers.clients import Client  # 0.3 answers at the classic paths too (verifiers.legacy)
         vf.MultiTurnEnv  # noqa: B018  (0.4 has no classic classes: fails here)
     except (ImportError, AttributeError):
         version = getattr(vf, "__version__", "?")
         why = ("keeps only its new v1 API (no MultiTurnEnv, no verifiers.types): classic environments do not import"
-               if not version.startswith(("0.1", "0.2")) else "has the classic API under another client interface")
+               if tuple(map(int, re.findall(r"\d+", version)[:2])) >= (0, 4)
+               else "predates the Client interface this runs on")
         raise ValueError(f"verifiers {version} {why}; this adapter runs {SUPPORTED}") from None
     return vf, Client
 
@@ -302,7 +303,7 @@ class VerifiersEnv:
 
 def _client_class(Client, vf):
     """A Verifiers Client whose model is our policy: each request waits for the reply the trainer gives step()."""
-    from verifiers.legacy.types import Response, ResponseMessage, ToolCall
+    from verifiers.types import Response, ResponseMessage, ToolCall
 
     class PolicyClient(Client):
         def setup_client(self, config):

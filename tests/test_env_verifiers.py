@@ -230,7 +230,7 @@ def test_verifiers_without_the_classic_api_says_which_version(monkeypatch):
     v1_only.__version__ = "0.4.0"
     monkeypatch.setitem(sys.modules, "verifiers", v1_only)
     monkeypatch.setitem(sys.modules, "verifiers.legacy", None)
-    with pytest.raises(ValueError, match=r"0\.4\.0 keeps only its new v1 API.*verifiers>=0\.3,<0\.4"):
+    with pytest.raises(ValueError, match=r"0\.4\.0 keeps only its new v1 API.*verifiers>=0\.1\.14,<0\.4"):
         ev.import_verifiers()
 
 
