@@ -276,3 +276,31 @@ def test_a_reward_function_that_raises_is_an_error_not_a_silent_zero(tmp_path):
     env = ev.VerifiersEnv(path=str(path))
     rewards, metrics, _ = play(env, 0, ["anything"])
     assert rewards == {"fine": 0.5, "broken": 0.0} and metrics["error"] == 1
+
+
+TOOLS_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                  "{% if m['role'] == 'system' and tools %}\nTools: {{ tools | tojson }}{% endif %}<|im_end|>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tools_go_through_the_chat_template_and_tool_results_are_one_message_each(tiny_model):
+    """The trajectory built turn by turn (sample.ChatTokens) is the template's own rendering of the whole
+    conversation, with the tools offered and two tool results in one turn."""
+    import copy
+
+    from sample import ChatTokens
+    tok = copy.deepcopy(tiny_model[1])
+    tok.chat_template = TOOLS_TEMPLATE
+    env = inner("vf_tools")
+    chat = ChatTokens(tok, env.system_prompt, env.tools)
+    a, b = env.rows[0]["info"]["a"], env.rows[0]["info"]["b"]
+    state, first = env.reset({"seed": 0, "row": 0})
+    reply = tool_text("add", a=a, b=b) + tool_text("multiply", a=2, b=3)
+    results = env.step(state, reply)
+    assert results == [{"role": "tool", "content": str(a + b)}, {"role": "tool", "content": "6"}]
+    messages = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first},
+                {"role": "assistant", "content": reply}, *results]
+    ids = chat.prompt_ids(messages[:2]) + chat.reply_ids(reply) + chat.turn_ids(results)
+    whole = tok(chat.render(messages, add_generation_prompt=True), add_special_tokens=False).input_ids
+    assert ids == whole and "Multiply two integers" in tok.decode(chat.prompt_ids(messages[:2]))
+    assert chat.encode_conversation(messages)[0] == ids
