@@ -102,7 +102,9 @@ def test_bad_arguments_are_a_value_error_at_load(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- the fuzz
 
-ADVERSARIAL = ["<answer>9 * * 9 * * 9</answer>", "<answer>9**9**9**9</answer>", "<answer>" + "9" * 5000 + "</answer>",
+ADVERSARIAL = ['<tool_call>{"name": "add", "arguments": {"a": 1e999, "b": []}}</tool_call>',
+               '<tool_call>{"name": "multiply", "arguments": {"a": 99999999, "b": 99999999}}</tool_call>' * 20,
+               "<guess>" + "9" * 5000 + "</guess>", "<guess>-1</guess>", "<answer>9 * * 9 * * 9</answer>", "<answer>9**9**9**9</answer>", "<answer>" + "9" * 5000 + "</answer>",
                "<answer>__import__('os').system('true')</answer>", "<answer>[" * 500 + "</answer>",
                "<answer>1e999999</answer>", "<answer>(" * 200 + ")" * 200 + "</answer>", "\x00\ud800", "",
                "[" + "9" * 4500 + "]", "[up]" * 1000, "[1, 2, 3]", "[A C]", "[999999999999 999999999999]",
@@ -125,16 +127,21 @@ def fuzz(env, n_episodes, rng):
     return worst
 
 
-def test_fuzz_reasoning_gym_and_textarena_never_raise_or_overrun():
+def test_fuzz_reasoning_gym_textarena_and_verifiers_never_raise_or_overrun():
     pytest.importorskip("reasoning_gym")
     pytest.importorskip("textarena")
+    pytest.importorskip("verifiers")
     import env_reasoning_gym
     import env_textarena
+    import env_verifiers
+    from conftest import ROOT
     rng, replies = random.Random(0), 0
     envs = [env_reasoning_gym.load_environment(task=t, timeout=5.0) for t in ("countdown", "basic_arithmetic",
                                                                                   "puzzle24", "leg_counting")]
     envs += [env_textarena.load_environment(game=g, timeout=5.0) for g in ("GuessTheNumber-v0", "TowerOfHanoi-v0",
                                                                            "Set-v0", "2048-v0", "Minesweeper-v0")]
+    envs += [env_verifiers.load_environment(path=str(ROOT / "tests" / "verifiers_envs" / f"{name}.py"), timeout=5.0)
+             for name in ("vf_game", "vf_tools")]
     for env in envs:
         calls = env.calls
         worst = fuzz(env, 120, rng)
