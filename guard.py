@@ -39,8 +39,10 @@ class Guarded:
     # ------------------------------------------------------------------------- the worker
 
     def _start(self):
+        # its stderr is the run's: warnings and tracebacks show, the datasets library's progress bars do not
+        quiet = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0)
+                                     stdout=subprocess.PIPE, bufsize=0, env=quiet)
         self.buffer, self.generation = b"", self.generation + 1
         init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb, "path": sys.path}
         kind, value = self._call("init", init, timeout=LOAD_TIMEOUT)
