@@ -28,13 +28,13 @@ class APIPolicy:
     REASONING_FIELDS = ("reasoning_content", "reasoning")  # transformers serve and vLLM; some hosted APIs
 
     def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024, concurrency=16,
-                 top_p=1.0, seed=0, send_seed=True, retries=6, timeout=120.0, backoff=1.0):
+                 top_p=1.0, seed=0, send_seed=True, retries=6, timeout=120.0, backoff=1.0, tools=None):
         import openai
         self.openai, self.model, self.temp, self.top_p, self.max_new_tokens = openai, model, temp, top_p, max_new_tokens
         self.client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env) or "EMPTY",
                                     max_retries=0, timeout=timeout)
         self.api_base, self.concurrency, self.retries, self.backoff = api_base, concurrency, retries, backoff
-        self.seed, self.send_seed = seed, send_seed
+        self.seed, self.send_seed, self.tools = seed, send_seed, tools
         self.gen_tokens, self.lock = 0, threading.Lock()
 
     def __call__(self, episodes):
@@ -57,6 +57,8 @@ class APIPolicy:
             sampling["top_p"] = self.top_p
         if self.send_seed:
             sampling["seed"] = seed
+        if self.tools:  # an environment's tools (a Verifiers ToolEnv's), offered as a local model gets them
+            sampling["tools"] = self.tools
         for attempt in range(self.retries + 1):
             try:
                 resp = self.client.chat.completions.create(model=self.model, messages=sent, **sampling)
@@ -172,7 +174,8 @@ def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=1
     if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
         return ScriptedPolicy(env, model, random_move_prob)
     if api_base:
-        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed)
+        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed,
+                         tools=getattr(env, "tools", None))
     lm, tokenizer = load_model(model, device)
     return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine,
                     tools=getattr(env, "tools", None))

@@ -81,6 +81,7 @@ class FakeOpenAI:
                     conv = server.convs.setdefault(key, [len(server.convs), 0])
                     conv[1] += 1
                     req = {"n": len(server.log), "conv": conv[0], "attempt": conv[1], "messages": messages,
+                           "tools": body.get("tools"),
                            "turn": sum(m["role"] == "assistant" for m in messages) + 1, "outcome": None}
                     server.log.append(req)
                 action = server.fault(req)
@@ -486,3 +487,15 @@ def test_report_curves_put_the_stages_on_one_step_axis(tmp_path):
     assert starts == [(0, "rl"), (3, "rl_polish")]
     drawn = eval_mod.plot_curves(stages, str(tmp_path / "curves.png"))  # matplotlib is optional: drawn where installed
     assert drawn == os.path.exists(tmp_path / "curves.png") == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_an_environments_tools_are_offered_to_an_api_model(fake_api, key_env):
+    pytest.importorskip("verifiers")
+    from policies import make_policy
+    from sample import rollout
+    env = common.load_env("verifiers", {"path": os.path.join(ROOT, "tests", "verifiers_envs", "vf_tools.py")})
+    api = fake_api()
+    policy = make_policy("teacher", env, api_base=api.base, concurrency=2)
+    records = rollout(env, env.examples(2, seed=0), policy, progress=False)
+    assert len(records) == 2 and api.count(200) >= 2
+    assert all([t["function"]["name"] for t in r["tools"]] == ["add", "multiply"] for r in api.log)
