@@ -106,6 +106,9 @@ def has_judge(rubric, vf):
 
 
 class Episode:
+    """One rollout suspended inside Verifiers between our calls: its task, the future through which it asks for the
+    model's turn (`turn`, set to the prompt) and the one through which that turn is answered (`reply`)."""
+
     def __init__(self, row):
         self.row, self.task, self.turn, self.reply = row, None, None, None
         self.seen, self.replies, self.errors, self.cut_off = [], 0, [], False
@@ -130,7 +133,7 @@ class VerifiersEnv:
             raise ValueError(f"args={args!r}: must be a JSON object of load_environment's keyword arguments")
         for name, value in (("max_turns", max_turns), ("num_groups", num_groups or 1), ("dataset_seed", dataset_seed)):
             if not isinstance(value, int) or isinstance(value, bool) or value < (name != "dataset_seed"):
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+                raise ValueError(f"{name}={value!r}: must be an integer >= {int(name != 'dataset_seed')}")
         module = self._module(id, path)
         load = getattr(module, "load_environment", None)
         if not callable(load):
