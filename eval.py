@@ -110,12 +110,16 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
     return summary, records
 
 
-def evaluate_standard(env_name, env_args, policy, n, seed=10_000, out=None):
+def evaluate_standard(env_name, env_args, policy, n, seed=10_000, out=None, envs=None):
     """evaluate() under each of the environment module's EVAL_SETTINGS (env_args overrides; tic-tac-toe:
-    the optimal and the random opponent), or once with env_args as given. Returns {setting: (summary, records)}; sft.py and rl.py use it."""
-    results = {}
+    the optimal and the random opponent), or once with env_args as given. Returns {setting: (summary, records)}; sft.py
+    and rl.py use it, with `envs`, a dict they keep, so that each setting's environment is built once a run (a
+    third-party one starts a worker process)."""
+    results, envs = {}, {} if envs is None else envs
     for name, opp in eval_settings(env_name).items():
-        env = load_env(env_name, {**env_args, **opp})
+        if name not in envs:
+            envs[name] = load_env(env_name, {**env_args, **opp})
+        env = envs[name]
         results[name] = evaluate(env, policy, n, seed=seed, out=os.path.join(out, f"eval_{name}") if out else None, progress=False)
     return results
 

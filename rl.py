@@ -293,9 +293,11 @@ def main():
         if rank == 0:
             plot_curves([("", os.path.join(args.out, "metrics.jsonl"))], os.path.join(args.out, "curves.png"), getattr(env, "certify_curves", None))
 
+    eval_envs = {}
+
     def run_eval():
         model.eval()
-        evals = evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed, args.out)
+        evals = evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed, args.out, eval_envs)
         log.evals(step, evals)
         print("\n".join(show(recs[0]) for _, recs in evals.values()))
 

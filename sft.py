@@ -295,13 +295,13 @@ def main():
 
     # ---- loop
     log = RunLog(args, rank)
-    results = {}
+    results, eval_envs = {}, {}
 
     def run_eval(step):
         model.eval()
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64,
                           tools=getattr(env, "tools", None))
-        evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n)
+        evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n, envs=eval_envs)
         results.update({name: s for name, (s, _) in evals.items()})
         log.evals(step, evals)
         model.train()
