@@ -1,17 +1,19 @@
 """
 A scripted teacher for the course's Verifiers tic-tac-toe environment (anakin87/llm-rl-environments-lil-course,
 environments/tictactoe/tictactoe.py), written against its messages alone: it reads the last board the environment
-showed and answers with our minimax player's reply (a true <think>, then <move>N</move>).
+showed and answers as our scripted minimax player does (env_tictactoe's `minimax`): one move per board, in its
+words (a true <think>, then <move>N</move>).
 
     python sft.py --model scratch --env verifiers --env_args '{"path": "tictactoe.py"}' \
         --teacher docs/vf_tictactoe_teacher.py:play_noisy --keep all ...
 
-`play`: an optimal move (uniform among the optimal ones, drawn from a hash of the conversation: the same
-conversation, the same move). `play_noisy`: a random free cell 20% of the time, as the speedrun's teacher.
+`play`: the minimax player's move (of the optimal moves, the one with the best chance against a random opponent: the
+same move on the same board, so a student copies one consistent style). `play_noisy`: a random free cell 20% of the
+time (drawn from a hash of the conversation), as the speedrun's teacher.
 """
 import re
 
-from env_tictactoe import best_moves, free_cells, player_reply, stable_rng
+from env_tictactoe import free_cells, player_move, player_reply, stable_rng
 
 ROW = re.compile(r"^(\S) \| (\S) \| (\S)$", re.M)  # the course's board rows: "X | 1 | O"
 
@@ -26,7 +28,7 @@ def board_of(messages):
 def move(messages, random_move_prob):
     board = board_of(messages)
     rng = stable_rng(*(m["content"] for m in messages))
-    cell = rng.choice(free_cells(board)) if rng.random() < random_move_prob else rng.choice(best_moves(board, "X"))
+    cell = rng.choice(free_cells(board)) if rng.random() < random_move_prob else player_move(board)
     return player_reply(board, cell)
 
 
