@@ -135,7 +135,7 @@ def test_fuzz_reasoning_gym_textarena_and_verifiers_never_raise_or_overrun():
     import env_textarena
     import env_verifiers
     from conftest import ROOT
-    rng, replies = random.Random(0), 0
+    rng, replies, seconds = random.Random(0), 0, 0.0
     envs = [env_reasoning_gym.load_environment(task=t, timeout=5.0) for t in ("countdown", "basic_arithmetic",
                                                                                   "puzzle24", "leg_counting")]
     envs += [env_textarena.load_environment(game=g, timeout=5.0) for g in ("GuessTheNumber-v0", "TowerOfHanoi-v0",
@@ -143,9 +143,10 @@ def test_fuzz_reasoning_gym_textarena_and_verifiers_never_raise_or_overrun():
     envs += [env_verifiers.load_environment(path=str(ROOT / "tests" / "verifiers_envs" / f"{name}.py"), timeout=5.0)
              for name in ("vf_game", "vf_tools")]
     for env in envs:
-        calls = env.calls
-        worst = fuzz(env, 120, rng)
-        replies += env.calls - calls
+        calls, spent = env.calls, env.call_seconds
+        worst = fuzz(env, 80, rng)
+        replies, seconds = replies + env.calls - calls, seconds + env.call_seconds - spent
         assert worst < env.timeout + 1.0
         env.close()
-    assert replies > 1000
+    print(f"fuzz: {replies} guarded calls, {1e3 * seconds / replies:.2f} ms a call on average")
+    assert replies > 1000, replies
