@@ -9,13 +9,18 @@ words (a true <think>, then <move>N</move>).
 
 `play`: the minimax player's move (of the optimal moves, the one with the best chance against a random opponent: the
 same move on the same board, so a student copies one consistent style). `play_noisy`: a random free cell 20% of the
-time (drawn from a hash of the conversation), as the speedrun's teacher.
+time, as the speedrun's teacher. Its draws come from one seeded stream in the order the games ask for moves, never
+from the conversation: a random move that is a function of what the student reads is no noise to the student, which
+learns it exactly (docs/VERIFIERS.md: a student taught so lost 27.0% of its games against the optimal opponent, as
+its teacher did).
 """
+import random
 import re
 
-from env_tictactoe import free_cells, player_move, player_reply, stable_rng
+from env_tictactoe import free_cells, player_move, player_reply
 
 ROW = re.compile(r"^(\S) \| (\S) \| (\S)$", re.M)  # the course's board rows: "X | 1 | O"
+NOISE = random.Random(0)  # the random moves' draws: reproducible where the games are played in the same order
 
 
 def board_of(messages):
@@ -27,8 +32,8 @@ def board_of(messages):
 
 def move(messages, random_move_prob):
     board = board_of(messages)
-    rng = stable_rng(*(m["content"] for m in messages))
-    cell = rng.choice(free_cells(board)) if rng.random() < random_move_prob else player_move(board)
+    cell = NOISE.choice(free_cells(board)) if random_move_prob and NOISE.random() < random_move_prob \
+        else player_move(board)
     return player_reply(board, cell)
 
 
