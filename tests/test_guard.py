@@ -104,7 +104,8 @@ def test_bad_arguments_are_a_value_error_at_load(tmp_path, monkeypatch):
 
 ADVERSARIAL = ['<tool_call>{"name": "add", "arguments": {"a": 1e999, "b": []}}</tool_call>',
                '<tool_call>{"name": "multiply", "arguments": {"a": 99999999, "b": 99999999}}</tool_call>' * 20,
-               "<guess>" + "9" * 5000 + "</guess>", "<guess>-1</guess>", "<answer>9 * * 9 * * 9</answer>", "<answer>9**9**9**9</answer>", "<answer>" + "9" * 5000 + "</answer>",
+               "<guess>" + "9" * 5000 + "</guess>", "<guess>-1</guess>", "<answer>9 * * 9 * * 9</answer>",
+               "<answer>9**9**9**9</answer>", "<answer>" + "9" * 5000 + "</answer>",
                "<answer>__import__('os').system('true')</answer>", "<answer>[" * 500 + "</answer>",
                "<answer>1e999999</answer>", "<answer>(" * 200 + ")" * 200 + "</answer>", "\x00\ud800", "",
                "[" + "9" * 4500 + "]", "[up]" * 1000, "[1, 2, 3]", "[A C]", "[999999999999 999999999999]",
