@@ -277,10 +277,10 @@ def main():
     enable_grad_ckpt(model, args.grad_ckpt, device)
     compile_layers(model, "auto", device)
     tools = getattr(env, "tools", None)  # offered through the chat template
-    policy = HFPolicy(model, tokenizer, env.system_prompt, args.temp, 1.0, args.max_new_tokens, args.gen_batch,
-                      seed=args.seed, engine=args.engine, tools=tools)
-    greedy = HFPolicy(model, tokenizer, env.system_prompt, 0.0, 1.0, args.max_new_tokens, args.gen_batch,
-                      engine=args.engine, tools=tools)
+    policy = HFPolicy(model, tokenizer, env.system_prompt, temp=args.temp, max_new_tokens=args.max_new_tokens,
+                      batch_size=args.gen_batch, seed=args.seed, engine=args.engine, tools=tools)
+    greedy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=args.max_new_tokens,
+                      batch_size=args.gen_batch, engine=args.engine, tools=tools)
     amp = train_autocast(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))  # fp32 weights and state
     trainer_state = start_or_resume(args, opt, resume, rank)

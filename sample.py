@@ -299,8 +299,10 @@ class GenerateEngine:
 
         def choose(input_ids, scores):  # (B, V) fp32 logits -> scores whose only finite entry is the drawn token
             return torch.full_like(scores, float("-inf")).scatter(1, draw(scores)[:, None], 0.0)
-        config = GenerationConfig(max_new_tokens=policy.max_new_tokens, do_sample=False, eos_token_id=policy.chat.stop_ids,
-                                  pad_token_id=policy.pad_id)
+        # top_k at generate()'s own default: else the saved model's top_k 0 (samples_when_served) is merged in and
+        # warned about as ignored, which reads as if a flag of the user's were; the draw above decides every token
+        config = GenerationConfig(max_new_tokens=policy.max_new_tokens, do_sample=False, top_k=50,
+                                  eos_token_id=policy.chat.stop_ids, pad_token_id=policy.pad_id)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             self.model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=config,
                                 logits_processor=LogitsProcessorList([choose]))

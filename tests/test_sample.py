@@ -720,3 +720,21 @@ def test_inverse_cdf_sampling_draws_the_distribution(top_p):
     torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
     assert freq[1] == 0 and freq[5] == 0
     torch.testing.assert_close(logp, torch.log(probs)[token])
+
+
+def test_the_reference_engine_warns_of_no_ignored_generation_flag(sharp_model_dir, ttt_env, caplog):
+    """A model saved by sft.py keeps top_k 0 in its generation config; generate() must not call it ignored (a user
+    would read it as a flag of theirs)."""
+    import logging
+
+    from policies import make_policy
+    from sample import rollout
+    policy = make_policy(sharp_model_dir, ttt_env, device="cpu", max_new_tokens=4, engine="hf")
+    from transformers.utils import logging as hf_logging
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            rollout(ttt_env, ttt_env.examples(2, seed=0), policy, progress=False)
+    finally:
+        hf_logging.disable_propagation()
+    assert not [r for r in caplog.records if "generation flags" in r.getMessage()]
