@@ -3,7 +3,8 @@ RL with verifiable rewards: a readable GRPO/CISPO loop for one GPU.
 
     python rl.py --batch 256 --temp 1.1                   # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
     python rl.py --env reverse --batch 64 --group 8 --max_new_tokens 32 --model out/sft_reverse
-    python rl.py --model out/sft --batch 16 --group 4 --steps 2 --eval_every 0 --out /tmp/rl   # CPU smoke run
+    python rl.py --model out/sft --batch 16 --group 4 --steps 2 --eval_every 0 --out /tmp/rl   # CPU smoke run (it
+                                  # says so where its groups' rewards were all equal: then nothing was trained)
     torchrun --standalone --nproc_per_node 8 rl.py --batch 256 --temp 1.1   # 8 GPUs, the same global batch
 
 One step, in the order of this file:
@@ -304,6 +305,7 @@ def main():
     if resume and (step >= args.steps or exploiter.stop and exploiter.replays == [] and exploiter.step == step):  # all done
         print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps {args.steps}): nothing to do")
         return stop_ranks()
+    steps_run, steps_with_signal = 0, 0
     while step < args.steps:
         model.eval()
         if exploiter(step, greedy, model, tokenizer):
@@ -333,6 +335,7 @@ def main():
                  step_time=time.time() - t0, skipped_updates=stats["skipped"], **({"kl": stats["kl"]} if ref_model else {}),
                  **({"peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30} if device.startswith("cuda") else {}))
         log(step, m)
+        steps_run, steps_with_signal = steps_run + 1, steps_with_signal + (m["zero_adv"] < 1 or args.beta > 0)
         if bad_steps >= MAX_BAD_STEPS:
             raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good checkpoint is in {args.out}; "
                              "lower --lr, or check the model's dtype.")
@@ -346,6 +349,10 @@ def main():
         run_eval()
     save()
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
+    if rank == 0 and steps_run and not steps_with_signal:
+        print(f"warning: in all {steps_run} steps every group's episodes had equal rewards (zero_adv 1): every "
+              "advantage was 0, so nothing was trained and the weights are the model's as loaded. Raise --temp or "
+              "--group, or use an environment whose rewards tell this model's episodes apart.")
     log.close()
     stop_ranks()
 

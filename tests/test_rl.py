@@ -572,3 +572,14 @@ def test_report_to_trackio_logs_every_metrics_line(tiny_model_dir, tmp_path):
                                      text=True, timeout=120).stdout)
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(logs) == len(rows) > 4 and [r["step"] for r in logs] == [r["step"] for r in rows]
+
+
+def test_a_run_that_trained_nothing_says_so(tiny_model_dir, tmp_path):
+    """Near-greedy rollouts: the episodes of a group are the same game, every advantage 0, no gradient: the run must
+    not end as if it had trained."""
+    from conftest import run_main
+    printed = run_main("rl", ["--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "2", "--temp", "1e-3",
+                              "--max_new_tokens", "4", "--eval_every", "0", "--eval_n", "1", "--device", "cpu",
+                              "--out", str(tmp_path / "flat")])
+    assert printed.count("zero_adv 1 |") == 2
+    assert "warning: in all 2 steps every group's episodes had equal rewards" in printed
