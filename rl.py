@@ -155,7 +155,8 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                         logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
                     old_logp = torch.cat([before[i][0] for i in micro]) if several_steps else logp.detach()
                     ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
-                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, eps_high=args.eps_high, ref_logp=ref_logp, beta=args.beta)
+                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss, eps_low=args.eps_low,
+                                                eps_high=args.eps_high, ref_logp=ref_logp, beta=args.beta)
                     loss.backward()
                     total_loss += loss.item()
                     # logp_mismatch: how far the trainer's logprobs (before any update) are from the sampler's
@@ -240,6 +241,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=200, help="RL steps")
     p.add_argument("--loss", choices=["cispo", "grpo"], default="cispo", help="policy loss")
     p.add_argument("--loss_agg", choices=["token", "sequence"], default="token", help="token: DAPO/CISPO averaging over the batch; sequence: GRPO per-episode mean")
+    p.add_argument("--eps_low", type=float, default=None, help="lower clip 1-eps_low (unset: none for cispo, 0.2 for grpo)")
     p.add_argument("--eps_high", type=float, default=0.2, help="upper clip 1+eps_high (0.28 = DAPO clip-higher)")
     p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the frozen initial model (0: no reference loaded)")
     p.add_argument("--scale_rewards", choices=["none", "group"], default="none", help="group: divide advantages by the group's reward std")
@@ -253,6 +255,7 @@ def parse_args(argv=None):
     check_flags(args, {**TRAIN_FLAG_RULES, "max_new_tokens": (at_least(1), ">= 1"),
                        "batch": (lambda b: b >= 1 and b % max(args.group, 1) == 0, f"a positive multiple of --group {args.group}"),
                        "group": (at_least(2), ">= 2: the advantage compares rollouts of the same example"), "eps_high": finite,
+                       "eps_low": (lambda x: x is None or 0 <= x < 1, "in [0, 1), or unset"),
                        "temp": (positive, "a finite number > 0: the loss divides the logits by it"), "beta": finite,
                        "steps": (at_least(0), ">= 0"),
                        "gen_batch": (at_least(1), ">= 1"), "ppo_epochs": (at_least(1), ">= 1"),

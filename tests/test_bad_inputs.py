@@ -23,7 +23,7 @@ import common  # noqa: E402
 
 # the numeric flags of each script, and those where 0 is a valid value (it then means "off", "greedy" or "default")
 NUMERIC = {
-    "rl": ["--batch", "--group", "--temp", "--max_new_tokens", "--gen_batch", "--steps", "--eps_high",
+    "rl": ["--batch", "--group", "--temp", "--max_new_tokens", "--gen_batch", "--steps", "--eps_low", "--eps_high",
            "--beta", "--ppo_epochs", "--minibatch", "--exploit", "--lr", "--warmup", "--token_budget", "--eval_every",
            "--eval_n", "--save_every"],
     "sft": ["--teacher_random_prob", "--teacher_temp", "--concurrency", "--max_new_tokens", "--n_games", "--vocab_size",
@@ -32,7 +32,7 @@ NUMERIC = {
     "eval": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n",
              "--rollouts", "--show"],
 }
-ZERO_IS_VALID = {"rl": {"--steps", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
+ZERO_IS_VALID = {"rl": {"--steps", "--eps_low", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
                         "--eval_every", "--save_every"},
                  "sft": {"--teacher_random_prob", "--teacher_temp", "--max_steps", "--context_loss", "--warmup",
                          "--eval_every", "--save_every"},

@@ -111,7 +111,7 @@ def hand_batch():
 
 
 def make_args(**kw):
-    base = dict(loss="cispo", loss_agg="token", eps_high=0.2, beta=0.0, ppo_epochs=1, minibatch=0,
+    base = dict(loss="cispo", loss_agg="token", eps_low=None, eps_high=0.2, beta=0.0, ppo_epochs=1, minibatch=0,
                 token_budget=1 << 20, temp=0.8)
     return SimpleNamespace(**{**base, **kw})
 
@@ -154,10 +154,11 @@ def reference_grads(model, records, adv, weights, episodes, args, old=None, ref_
         logp = episode_logp(model, records[i], args.temp)
         r = torch.exp(logp - (old[i] if old is not None else logp.detach()))
         a = float(adv[i])
-        if args.loss == "cispo":
-            per = -torch.clamp(r, max=1 + args.eps_high).detach() * a * logp
-        else:
-            lo = 1 - 0.2  # grpo's lower clip (rl.py sets no other)
+        if args.loss == "cispo":  # no lower clip unless --eps_low
+            lo = None if args.eps_low is None else 1 - args.eps_low
+            per = -torch.clamp(r, min=lo, max=1 + args.eps_high).detach() * a * logp
+        else:  # grpo's lower clip: 0.2 unless --eps_low
+            lo = 1 - (0.2 if args.eps_low is None else args.eps_low)
             per = -torch.min(r * a, torch.clamp(r, lo, 1 + args.eps_high) * a)
         if args.beta:
             with torch.no_grad():
@@ -196,14 +197,14 @@ def test_update_gradient_equals_hand_computation(tiny_model_dir, torch_single_th
     assert_same_grads(opt.grads[0], reference_grads(model, records, adv, weights, range(4), args))
 
 
-@pytest.mark.parametrize("loss", ["cispo", "grpo"])
-def test_update_minibatches_and_ppo_epochs(tiny_model_dir, torch_single_thread, unclipped, loss):
+@pytest.mark.parametrize("loss, eps_low", [("cispo", None), ("grpo", None), ("cispo", 0.05), ("grpo", 0.05)])
+def test_update_minibatches_and_ppo_epochs(tiny_model_dir, torch_single_thread, unclipped, loss, eps_low):
     """--minibatch 2 --ppo_epochs 2 on four episodes: four optimizer steps (episodes 0-1, 2-3, 0-1, 2-3); each
     gradient is the clipped loss at the parameters of that moment, with the importance ratio against the
     logprobs from BEFORE the first step and the whole batch's token weights."""
     model = fresh(tiny_model_dir)
     records, adv = hand_batch()
-    args = make_args(loss=loss, minibatch=2, ppo_epochs=2)
+    args = make_args(loss=loss, minibatch=2, ppo_epochs=2, eps_low=eps_low)
     with torch.no_grad():
         old = [episode_logp(model, rec, args.temp) for rec in records]
     opt = Recorder(model.parameters(), lr=0.1)  # steps large enough that ratios leave [0.8, 1.2]
