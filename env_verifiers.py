@@ -31,8 +31,6 @@ and process pools stay in the guard's worker.
 """
 import asyncio
 import contextvars
-import importlib
-import importlib.util
 import inspect
 import json
 import logging
@@ -42,7 +40,7 @@ import re
 import signal
 import time
 
-from guard import Guarded
+from guard import Guarded, import_source
 
 SUPPORTED = "verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; `uv pip install verifiers==0.3.1`)"
 DEFAULT_MAX_TURNS = 16
@@ -169,15 +167,11 @@ class VerifiersEnv:
         if path is not None:
             if not (isinstance(path, str) and os.path.isfile(path)):
                 raise ValueError(f"path={path!r}: no such file")
-            name = "vf_env_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
+            return import_source(path)
         if not isinstance(id, str):
             raise ValueError(f"id={id!r}: must be a module name")
         try:
-            return importlib.import_module(id.replace("-", "_"))
+            return import_source(id.replace("-", "_"))
         except ModuleNotFoundError as e:
             raise ValueError(f"no installed environment {id!r} ({e}): install it (pip install / prime env install) "
                              "or give its file as path") from None

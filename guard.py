@@ -13,6 +13,8 @@ two talk JSON lines over pipes, so nothing but JSON crosses (the worker's own pr
 handlers, atexit hooks, process pools and global random state are its own: a library that installs handlers for
 SIGTERM cannot change how the trainer stops.
 """
+import importlib
+import importlib.util
 import json
 import os
 import select
@@ -21,6 +23,17 @@ import sys
 import time
 
 LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment and play the probe episode
+
+
+def import_source(where):
+    """A module by its import name, or from a .py file: third-party code (an environment, a scripted teacher) as a
+    user names it."""
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3].replace("-", "_"), where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class Guarded:
@@ -192,7 +205,6 @@ class Guarded:
 
 def _serve(proto):
     """Answer [op, arg] lines from stdin on `proto` until stdin closes."""
-    import importlib
     env, states, players = None, {}, {}
     for line in sys.stdin.buffer:
         op, arg = json.loads(line)
@@ -204,7 +216,7 @@ def _serve(proto):
                     limit = arg["memory_mb"] << 20
                     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 module, name = arg["factory"].split(":")
-                env = getattr(importlib.import_module(module), name)(**arg["kwargs"])
+                env = getattr(import_source(module), name)(**arg["kwargs"])
                 result = _describe_env(env)
             elif op == "examples":
                 result = env.examples(*arg)

@@ -11,6 +11,7 @@ import threading
 import time
 
 from common import TRAIN_FLAG_RULES, at_least, load_model, non_negative
+from guard import import_source
 from sample import HFPolicy
 
 # ----------------------------------------------------------------------------- an OpenAI-compatible server
@@ -137,16 +138,9 @@ class FunctionPolicy:
     a Verifiers environment's included: it sees only what the model would see."""
 
     def __init__(self, spec):
-        import importlib
-        import importlib.util
         where, _, name = spec.rpartition(":")
         try:
-            if where.endswith(".py"):
-                loader = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
-                module = importlib.util.module_from_spec(loader)
-                loader.loader.exec_module(module)
-            else:
-                module = importlib.import_module(where)
+            module = import_source(where)
         except (ImportError, OSError) as e:
             raise SystemExit(f"scripted player {spec!r}: cannot import {where!r} ({e})") from None
         self.function = getattr(module, name, None)
