@@ -34,7 +34,7 @@ def parse_env_args(env_args):
     try:
         parsed = json.loads(env_args) if env_args and env_args.strip() else {}
     except json.JSONDecodeError as e:
-        raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"max_random_move_prob\": 0.5}}'")
+        raise SystemExit(f"--env_args is not valid JSON ({e}): e.g. '{{\"num_groups\": 4}}'")
     if not isinstance(parsed, dict):
         raise SystemExit(f"--env_args must be a JSON object of keyword arguments, got {env_args!r}")
     return parsed
@@ -66,8 +66,8 @@ def load_env(name, env_args=None, defaults=None):
 
 
 def eval_settings(name):
-    """{setting: env_args} of the standard evaluations, from env_NAME.py's EVAL_SETTINGS (tic-tac-toe: the optimal
-    and the random opponent); one setting, "default", as env_args give it, where the module names none."""
+    """{setting: env_args} of the standard evaluations, from env_NAME.py's EVAL_SETTINGS (each
+    setting's overrides of --env_args); one setting, "default", as env_args give it, where it names none."""
     return getattr(importlib.import_module(f"env_{name}"), "EVAL_SETTINGS", {"default": {}})
 
 
@@ -257,7 +257,7 @@ def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_ev
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (under torchrun: each rank takes the GPU of its LOCAL_RANK)")
     p.add_argument("--report_to", choices=["none", "trackio", "wandb"], default="none", help="also log every line to a "
-                   "trackio run (local, no account: `trackio show` opens its dashboard) or a wandb run; optional imports")
+                   "trackio run (local, no account: `trackio show` draws it) or a wandb run; optional imports")
     return p
 
 
@@ -307,6 +307,7 @@ TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must 
     "eval_every": (at_least(0), ">= 0 (0: evaluate only at the end)"),
     "eval_n": (at_least(1), ">= 1"),
     "save_every": (at_least(0), ">= 0"),
+    "seed": (at_least(0), ">= 0"),
     "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and d.split(":")[-1].isdigit() or d == "cuda"),
                "auto, cpu, cuda or cuda:N"),
     "out": (can_write, "a directory you can write"),

@@ -168,7 +168,9 @@ class Calc:
         return {"correct": float(state["answer"] == state["target"]), "used_tool": float(state["tool_calls"] > 0),
                 "n_tool_calls": state["tool_calls"], "format": state["well_formed"] / max(state["turns"], 1)}
 
-    def scripted_player(self, name, random_move_prob=0.0):
+    scripted_players = ("oracle", "guess")
+
+    def scripted_player(self, name):
         """oracle: calls the calculator on the question's expression, then answers its result (a teacher for SFT).
         guess: answers at once from the leading digits of each number (the no-tool baseline)."""
         if name == "oracle":

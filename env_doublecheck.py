@@ -106,10 +106,11 @@ class DoubleCheck:
                 "fixed": float(not first and final), "broken": float(first and not final),
                 "format": state["well_formed"] / self.max_turns}
 
-    def scripted_player(self, name, random_move_prob=0.0):
+    scripted_players = ("oracle", "hasty")
+
+    def scripted_player(self, name):
         """oracle: the right answer both times, with a one-line think. hasty: at its first reply, with probability
-        0.3, an answer off by 1 or 2 (drawn from the example's seed: reproducible), then right at the double-check.
-        random_move_prob is not used (the contract's signature)."""
+        0.3, an answer off by 1 or 2 (drawn from the example's seed: reproducible), then right at the double-check."""
         def solved(state, lead=""):
             expression = state["question"].removeprefix("What is ").removesuffix("?")
             return f"<think>{lead}{expression} = {state['target']}.</think><answer>{state['target']}</answer>"

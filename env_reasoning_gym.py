@@ -334,9 +334,11 @@ class ReasoningGym:
     def metrics(self, state):
         return {"solved": float(state["score"] >= 1.0), "format": state["format"], "score": state["score"]}
 
-    def scripted_player(self, name, random_move_prob=0.0):
+    scripted_players = ("oracle", "blank")
+
+    def scripted_player(self, name):
         """oracle: the reference answer, well-formed (a teacher for SFT where the reference scores 1); blank: an empty
-        answer (the floor). Single turn: random_move_prob is not used."""
+        answer (the floor)."""
         if name == "oracle":
             return lambda state: f"<answer>{'' if state['reference'] is None else state['reference']}</answer>"
         if name == "blank":

@@ -113,7 +113,9 @@ class Reverse:
     def metrics(self, state):
         return {"tagged": float(state["answer"] is not None), "exact": float(state["answer"] == state["text"][::-1])}
 
-    def scripted_player(self, name, random_move_prob=0.0):
+    scripted_players = ("oracle",)
+
+    def scripted_player(self, name):
         if name != "oracle":
             raise ValueError(f"unknown scripted player {name!r} for reverse: use 'oracle'")
         return lambda state: f"<reversed_text>{state['text'][::-1]}</reversed_text>"

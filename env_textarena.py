@@ -241,8 +241,11 @@ def check_game(game):
 class TextArena:
     reward_weights = {"game": 1.0, "format": 0.1}
 
-    def __init__(self, game="GuessTheNumber-v0", max_turns=None):
+    def __init__(self, game="GuessTheNumber-v0", max_turns=None, player_random_prob=0.0):
         check_game(game)
+        if not (isinstance(player_random_prob, (int, float)) and 0 <= player_random_prob <= 1):
+            raise ValueError(f"player_random_prob={player_random_prob!r}: must be in [0, 1]")
+        self.player_random_prob = player_random_prob
         if max_turns is not None and not (isinstance(max_turns, int) and not isinstance(max_turns, bool) and max_turns >= 1):
             raise ValueError(f"max_turns={max_turns!r}: must be a positive integer (or null: the game's own limit)")
         self.game, self.family = game, family(game)
@@ -338,9 +341,15 @@ class TextArena:
         return (f"{state['game']} seed {state['seed']}: {state['turns']} replies, {state['invalid']} invalid, "
                 f"game reward {self.game_reward(state):g} ({state['reason']})")
 
-    def scripted_player(self, name, random_move_prob=0.0):
-        """bisect (GuessTheNumber) and hanoi (TowerOfHanoi); random_move_prob: the chance of a random move instead
-        (a random number in the game's range; a random legal move), drawn from the example's seed and the turn."""
+    @property
+    def scripted_players(self):
+        return {"GuessTheNumber": ("bisect",), "TowerOfHanoi": ("hanoi",)}.get(self.family, ())
+
+    def scripted_player(self, name, random_move_prob=None):
+        """bisect (GuessTheNumber) and hanoi (TowerOfHanoi); random_move_prob (default: the environment's
+        player_random_prob): the chance of a random move instead (a random number in the game's range; a
+        random legal move), drawn from the example's seed and the turn."""
+        random_move_prob = self.player_random_prob if random_move_prob is None else random_move_prob
         players = {"bisect": ("GuessTheNumber", bisect_move), "hanoi": ("TowerOfHanoi", hanoi_move)}
         if name not in players or players[name][0] != self.family:
             have = [p for p, (fam, _) in players.items() if fam == self.family]
@@ -392,10 +401,12 @@ def hanoi_move(state, rng=None):
     return "[{} {}]".format(*(move(len(where), "C") or ("A", "C")))
 
 
-def load_environment(game="GuessTheNumber-v0", max_turns=None, timeout=60.0):
+def load_environment(game="GuessTheNumber-v0", max_turns=None, timeout=60.0, player_random_prob=0.0):
     """game: a TextArena single-player game id that runs offline (docs/TEXTARENA.md lists them); max_turns: the most
     replies in an episode (default: (the game's own turn limit + 1) x 2, or 100 for a game without one); timeout:
     seconds a call (a reset or a move) may take before its episode scores 0 with metric `timeout` (guard.py: the
-    library runs in a worker process)."""
+    library runs in a worker process); player_random_prob: the scripted players' (bisect, hanoi)
+    chance of a random move."""
     check_game(game)  # a refused game is said before a worker starts
-    return Guarded("env_textarena:TextArena", {"game": game, "max_turns": max_turns}, timeout=timeout)
+    return Guarded("env_textarena:TextArena", {"game": game, "max_turns": max_turns,
+                                                "player_random_prob": player_random_prob}, timeout=timeout)

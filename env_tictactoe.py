@@ -24,6 +24,7 @@ The research variants (puzzles, the rules teachers, show_wins, more reward kinds
 replays) are env_tictactoe_lab.py, `--env tictactoe_lab`, built on this file through the hooks TicTacToe marks.
 Pure Python: no torch here (but certify, which plays a policy through sample.py, and the speedrun's report).
 """
+import copy
 import fractions
 import functools
 import hashlib
@@ -243,15 +244,26 @@ def parse_move(reply, board):
     return cell, None
 
 
+def branch(ep):
+    """A copy of an episode that goes on apart from it (the certificate branches its lines over the
+    opponent's replies): its lists and environment state copied, anything else shared, the KV cache
+    included (the fast engine gives the copy a row of its own). Lists are copied whole, not element by
+    element as deepcopy would (a large share of the certificate's time)."""
+    child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
+    child["state"] = copy.deepcopy(ep["state"])
+    return child
+
+
 # ----------------------------------------------------------------------------- the environment
 
 # The two standard evaluation settings (eval.py --setting, and the evaluations inside sft.py and rl.py).
 EVAL_SETTINGS = {"optimal": {"min_random_move_prob": 0.0, "max_random_move_prob": 0.0},
                  "random": {"min_random_move_prob": 1.0, "max_random_move_prob": 1.0}}
-# the certificate's panels in curves.png (eval.plot_curves, from rl.py and the speedrun's report): lost lines and
-# mistaken decisions; the optimal-move share and the exact win rate against the random opponent
-CERTIFY_CURVES = (("certificate (greedy, every opponent line)", ("lines_lost", "mistakes")),
-                  ("certificate: optimal moves, exact wins vs random", ("optimal_move_rate", "random_win_rate")))
+# the certificate's panels in curves.png (eval.plot_curves, from rl.py --exploit and the speedrun's report): lost
+# lines and mistaken decisions; the optimal-move share and the exact win rate against the random opponent
+CURVE_PANELS = (("certificate (greedy, every opponent line)", ("exploit_lines_lost", "exploit_mistakes")),
+                ("certificate: optimal moves, exact wins vs random",
+                 ("exploit_optimal_move_rate", "exploit_random_win_rate")))
 
 SYSTEM_PROMPT = """You play tic-tac-toe as X against an opponent playing O. Three in a row (a row, column or diagonal) wins.
 Cells are numbered 0-8, row by row:
@@ -287,11 +299,12 @@ class TicTacToe:
     its options, overriding them; here they are the game's own behaviour."""
     system_prompt = SYSTEM_PROMPT
     reward_weights = {"win": 1.0, "format": 0.2, "invalid": 1.0}
-    certify_curves = CERTIFY_CURVES  # rl.py --exploit's curves.png
-    scripted_players = ("random", "minimax")
+    curve_panels = CURVE_PANELS  # rl.py --exploit's curves.png
+    scripted_players = ("minimax", "random")  # the first: sft.py's default teacher
+    keep = "format=1,loss=0"  # sft.py --keep's default: the teacher's well-formed games it did not lose
 
     def __init__(self, min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                 show_cells=False, opening=0, opponent=None):
+                 show_cells=False, opening=0, opponent=None, player_random_prob=0.0):
         lo, hi = min_random_move_prob, max_random_move_prob
         check_options([("min_random_move_prob", lo, number(lo) and 0 <= lo <= 1, "a probability in [0, 1]"),
                        ("max_random_move_prob", hi, number(hi) and 0 <= hi <= 1, "a probability in [0, 1]"),
@@ -300,7 +313,10 @@ class TicTacToe:
                        ("max_turns", max_turns, integer(max_turns) and max_turns >= 1, "a positive integer"),
                        ("invalid_penalty", invalid_penalty, non_negative(invalid_penalty), "a number >= 0"),
                        ("show_cells", show_cells, isinstance(show_cells, bool), "true or false"),
-                       ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0")])
+                       ("opening", opening, integer(opening) and opening >= 0, "an integer >= 0"),
+                       ("player_random_prob", player_random_prob,
+                        number(player_random_prob) and 0 <= player_random_prob <= 1, "a probability in [0, 1]")])
+        self.player_random_prob = player_random_prob
         self.lo, self.hi, self.num_groups, self.max_turns = lo, hi, num_groups, max_turns
         self.invalid_penalty, self.show_cells, self.opening = invalid_penalty, show_cells, opening
         # opponent(state) -> cell replaces the seeded opponent (a human in `python env_tictactoe.py`, a script in tests);
@@ -404,14 +420,14 @@ class TicTacToe:
                 "format": state["well_formed"] / max(state["turns"], 1), "invalid": float(state["invalid_moves"] > 0),
                 "cut_off": float(state["cut_off"]), "n_turns": state["turns"], "n_invalid_moves": state["invalid_moves"]}
 
-    def scripted_player(self, name, random_move_prob=0.0):
+    def scripted_player(self, name, random_move_prob=None):
         """A reply function state -> str, the player `name` of scripted_players: 'random', or 'minimax' (playing
-        randomly with random_move_prob), in its words (scripted_reply). Random moves are seeded by (example seed,
+        randomly with random_move_prob, by default the environment's player_random_prob), in its words (scripted_reply). Random moves are seeded by (example seed,
         board), like the opponent's, so a baseline is reproducible; minimax's other moves depend on the board only:
         of `safe_moves`, the best `chance_vs_random`, then the first in PREFERENCE."""
         if name not in self.scripted_players:
             raise ValueError(f"unknown scripted player {name!r}: use {', '.join(map(repr, self.scripted_players))}")
-        p = random_move_prob if name == "minimax" else 1.0
+        p = (self.player_random_prob if random_move_prob is None else random_move_prob) if name == "minimax" else 1.0
 
         def reply(state):
             board = state["board"]
@@ -428,7 +444,6 @@ class TicTacToe:
         """A human-readable picture of the final state, for transcripts."""
         return f"{render(state['board'])}\nresult: {state['winner'] or 'cut off'}"
 
-    # --- eval.py --certify's hook, and rl.py --exploit's
     def certify(self, policy, out=None, progress=True):
         """Play a (greedy, deterministic) policy against EVERY opponent reply at every step, moving first and second.
 
@@ -438,7 +453,7 @@ class TicTacToe:
         random opponent), and the positions where the model lost a won or drawn game or missed a forced win, each with
         the line that led there (model_first, and replies: the opponent's reply on each board, which replays the line
         as an example, see reset)."""
-        from sample import advance, branch, finish, new_episode  # the rollout module plays the policy (it imports no environment)
+        from sample import advance, finish, new_episode  # the rollout module plays the policy (it imports no environment)
         # each line is an example whose "replies" script the opponent (reset): from the empty board,
         # the opponent's every move so far; a branch adds its next one
         ex = {k: v for k, v in self.examples(1, seed=0)[0].items() if k in ("seed", "random_move_prob")}  # not a variant's puzzle
@@ -523,12 +538,13 @@ class TicTacToe:
         """Hook: is the reply's `Wins:` check true on `board` (the certificate's checks_true)? `states_the_wins`."""
         return states_the_wins(reply, board)
 
-    # --- rl.py --exploit's hook
-    def exploit(self, policy):
-        """Certify the greedy `policy` against every opponent line (certify) and return (summary, rank, examples):
-        the certificate's numbers, its rank (`rank_of`, lower is better), and for each mistake, the worst first (an
-        invalid move counts as a loss), the example that replays its line (`replay_of`)."""
-        summary, mistakes = self.certify(policy, progress=False)
+    # --- rl.py --exploit's and eval.py --exploit's hook
+    def exploit(self, policy, out=None):
+        """Certify the greedy `policy` against every opponent line (certify, writing its files to `out` when
+        given) and return (summary, score, examples): the certificate's numbers, its score (`rank_of`, lower
+        is better), and for each mistake, the worst first (an invalid move counts as a loss), the example that
+        replays its line (`replay_of`)."""
+        summary, mistakes = self.certify(policy, out, progress=out is not None)
         mistakes.sort(key=lambda m: m.get("value_after", -1))
         return summary, self.rank_of(summary), [self.replay_of(m) for m in mistakes]
 
@@ -575,7 +591,7 @@ class TicTacToe:
 
 
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8, invalid_penalty=0.1,
-                     show_cells=False, opening=0, opponent=None, **lab_options):
+                     show_cells=False, opening=0, opponent=None, player_random_prob=0.0, **lab_options):
     """min/max_random_move_prob: the range of opponent skill (0 = optimal, 1 = random), split into
     num_groups buckets that consecutive examples cycle through; max_turns: model replies before a cut-off;
     invalid_penalty: subtracted from a game's reward when it had an invalid move (an invalid move only costs
@@ -585,7 +601,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     scripted minimax player's X and the example's own O, listed in the first message ("the moves so far were
     O 3, X 4, O 2."): more of a game's data is its harder end, and every game is shorter; opponent: a function
     state -> cell that replaces the seeded opponent (not from --env_args: `python env_tictactoe.py` and tests pass
-    one). The research options (puzzles, show_wins, ...) are tictactoe_lab's: refused here, saying so."""
+    one); player_random_prob: the scripted minimax player's chance of a random move (`--model minimax`, sft.py's
+    teacher). The research options (puzzles, show_wins, ...) are tictactoe_lab's: refused here, saying so."""
     if lab_options:
         import env_tictactoe_lab
         name = next(iter(lab_options))
@@ -593,7 +610,7 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
             raise TypeError(f"{name} is an option of tictactoe_lab (env_tictactoe_lab.py): --env tictactoe_lab")
         raise TypeError(f"load_environment() got an unexpected keyword argument {name!r}")
     return TicTacToe(min_random_move_prob, max_random_move_prob, num_groups, max_turns, invalid_penalty, show_cells, opening,
-                     opponent)
+                     opponent, player_random_prob)
 
 
 # common.load_env lists the options it accepts off this signature: the game's, not **lab_options
@@ -637,7 +654,7 @@ def play_human(policy, env_args, games=None, load=load_environment):
 def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="", polish_args="", wins_args="",
                  resumed=False, env="tictactoe"):
     """OUT/results.json, OUT/report.md and OUT/curves.png from the evaluations speedrun.sh (or speedrun_random_teacher.sh)
-    wrote to OUT/eval/{teacher,sft,rl}/{optimal,random,certify}; times = (SFT, RL, total) in seconds, or None; the SFT
+    wrote to OUT/eval/{teacher,sft,rl}/{optimal,random,exploit}; times = (SFT, RL, total) in seconds, or None; the SFT
     teacher (minimax with random-move probability teacher_p, or a rules teacher) and the other arguments name the run's recipe;
     env: the environment its commands ran (--env, where not tictactoe)."""
     import platform
@@ -647,7 +664,7 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
     from eval import plot_curves
     t_sft, t_rl, t_all = times or (None, None, None)
     load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
-    res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "certify")} for w in ("teacher", "sft", "rl")}
+    res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"), "certificate": load(w, "exploit")} for w in ("teacher", "sft", "rl")}
     # a resumed speedrun (RESUME=1) times only its own invocation: the stages finished before it count ~0
     res["times_s"] = {"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all), "resumed": resumed} if times else None
     res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
@@ -657,12 +674,12 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
                                   ("rl", "rl_puzzles" if puzzle_args else "sft", rl_args, ""),
                                   ("rl_polish", "rl", polish_args, "third stage "),
                                   ("rl_wins", "rl_polish_best", wins_args, "fourth stage ")) if stage[0] == "rl" or stage[2]]
-    best = os.path.join(out, stages[-1][0] + "_best", "certificate.json")
+    best = os.path.join(out, stages[-1][0] + "_best", "exploit.json")
     res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None  # the RL model's step
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2)
     max_new = json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["max_new_tokens"]
-    teacher_flags = f"--teacher minimax --teacher_random_prob {teacher_p}" if teacher == "minimax" else f"--teacher {teacher}"
+    teacher_flags = f"--teacher {teacher}"
     name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
                        f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
             "rl": "RL model" + (f" ({stages[-1][3]}step {res['rl_step']}: the best certificate)" if res["rl_step"] is not None else "")}
@@ -682,15 +699,15 @@ def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, pu
                     f"{c['checks_true']} of {c['decisions']} | {c['wins_stated']} of {c['win_positions']} | "
                     f"{c['random_win_rate']:.1%} / {c['random_loss_rate']:.1%} |")
     # where the RL model still errs: the certificate's positions (board row by row, X = the model)
-    errs = json.load(open(os.path.join(out, "eval", "rl", "certify", "certificate.json")))["mistake_positions"]
+    errs = json.load(open(os.path.join(out, "eval", "rl", "exploit", "certificate.json")))["mistake_positions"]
     shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
              f"`{' '.join(m['reply'].split())}`" for m in errs[:20]]
     n = res["rl"]["optimal"]["n"]
-    errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/certify/certificate.json)"
+    errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; all in {out}/eval/rl/exploit/certificate.json)"
               if errs else "The RL model makes no mistaken decision: each of its moves on every line is minimax-optimal.")
     nl = "\n"
     env_flag = "" if env == "tictactoe" else f" --env {env}"  # the environment its commands ran
-    drawn = plot_curves([(d, os.path.join(out, d, "metrics.jsonl")) for d, *_ in stages], os.path.join(out, "curves.png"), CERTIFY_CURVES)
+    drawn = plot_curves([(d, os.path.join(out, d, "metrics.jsonl")) for d, *_ in stages], os.path.join(out, "curves.png"), CURVE_PANELS)
     metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d, *_ in stages)
     rl_commands = "".join(f"    python rl.py --model {out}/{start}{env_flag} {args} --out {out}/{d}{nl}" for d, start, args, _ in stages)
     report = f"""# speedrun report
@@ -715,7 +732,7 @@ probability (the games above sample them, 200 to about 2 points).
 
 ## Commands
     python sft.py --model scratch{env_flag} {teacher_flags} {sft_args} --out {out}/sft
-{rl_commands}    python eval.py --model MODEL{env_flag} --setting optimal random --certify -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
+{rl_commands}    python eval.py --model MODEL{env_flag} --setting optimal random --exploit -n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
 
 Training curves: {f"{out}/curves.png (the RL stages one after another)" if drawn else "none drawn (matplotlib is not installed)"}; the metrics: {metrics}
 """
@@ -736,11 +753,13 @@ def main():
     r = p.add_argument_group("the speedrun's report (speedrun.sh, speedrun_random_teacher.sh)")
     r.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md, OUT/results.json and OUT/curves.png "
                    "(where matplotlib is installed) from the evaluations the speedrun left in OUT/eval; with --times, "
-                   "--teacher and --random_move_prob (the SFT teacher's), --sft_args, --rl_args (and the other stages' flags), "
+                   "--teacher and --teacher_random_prob (the SFT teacher's), --sft_args, --rl_args (and the other stages' flags), "
                    "--env and --env_args (the evaluation's) naming the run")
     r.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"), help="--report: wall times in seconds")
     r.add_argument("--resumed", action="store_true", help="--report: --times are those of a resumed run's last invocation alone (RESUME=1)")
-    r.add_argument("--teacher", default="minimax", help="--report: the SFT teacher: minimax with --random_move_prob "
+    r.add_argument("--teacher_random_prob", type=float, default=0.2, help="--report: the minimax teacher's "
+                   "player_random_prob (its --env_args)")
+    r.add_argument("--teacher", default="minimax", help="--report: the SFT teacher: minimax with --teacher_random_prob "
                    "(speedrun.sh), or a teacher of random legal moves, tictactoe_lab's rules, rules_wins or rules_then "
                    "(speedrun_random_teacher.sh TEACHER)")
     r.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
@@ -750,7 +769,7 @@ def main():
     r.add_argument("--wins_args", default="", help="--report: the flags of a fourth RL stage from the third's best weights, if any (WINS_STEPS)")
     args = p.parse_args()
     if args.report:
-        return write_report(args.report, args.times, args.teacher, args.random_move_prob, args.sft_args, args.rl_args,
+        return write_report(args.report, args.times, args.teacher, args.teacher_random_prob, args.sft_args, args.rl_args,
                             args.env_args, args.puzzle_args, args.polish_args, args.wins_args, args.resumed, args.env)
     # the model's environment: the game, or a variant built on it (--env tictactoe_lab: show_wins and the like); a bad
     # option stops here, in one line

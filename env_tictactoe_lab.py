@@ -15,7 +15,7 @@ the game and these (TicTacToeLab; docs/RANDOM_TEACHER.md is the recipe that uses
 
     python sft.py --model scratch --env tictactoe_lab --teacher rules_wins --env_args '{"show_cells": true, "show_wins": true}'
     python env_tictactoe_lab.py --puzzle_learnt out/random_teacher/rl_puzzles/metrics.jsonl 0.85   # the recipe's checks
-    python env_tictactoe_lab.py --lost_lines out/random_teacher/rl_polish_best/certificate.json
+    python env_tictactoe_lab.py --lost_lines out/random_teacher/rl_polish_best/exploit.json
 """
 import inspect
 import json
@@ -72,7 +72,7 @@ def puzzle_line(rng, kind):
 
 def line_moves(model_first, replies, board):
     """The moves ["O 3", "X 4", ...] of a replayed line from the empty board to `board` (X to move): O's are the
-    `replies` ({board: cell}, as eval.py --certify records them), X's lead to the next board of the line."""
+    `replies` ({board: cell}, as the certificate records them), X's lead to the next board of the line."""
     now, moves, x_to_move = "." * 9, [], model_first
     while now != board:
         if x_to_move:
@@ -330,7 +330,7 @@ def puzzle_learnt(metrics_path, until):
 
 
 def lost_lines(certificate_path):
-    """The lost lines of a certificate.json (speedrun_random_teacher.sh: the third stage's best); says how many."""
+    """The lost lines of a certificate (its exploit.json or certificate.json; speedrun_random_teacher.sh: the third stage's best); says how many."""
     lost = json.load(open(certificate_path))["lines_lost"]
     print(f"the third stage's best certificate: {lost} lost lines")
     return lost
@@ -346,7 +346,7 @@ def main():
     which.add_argument("--puzzle_learnt", nargs=2, default=None, metavar=("METRICS", "UNTIL"), help="exit 0 if the solver "
                        "reward (reward_optimal) averages at least UNTIL over the last 10 steps of METRICS (an rl.py "
                        "metrics.jsonl), else 1")
-    which.add_argument("--lost_lines", default=None, metavar="CERT", help="exit 0 if the certificate CERT (a certificate.json) "
+    which.add_argument("--lost_lines", default=None, metavar="CERT", help="exit 0 if the certificate CERT (an exploit.json or certificate.json) "
                        "loses a line, else 1")
     args = p.parse_args()
     if args.puzzle_learnt:

@@ -1,15 +1,15 @@
 """
-Evaluate a model (local, API or scripted) on an environment; --certify proves a greedy policy's play.
+Evaluate a model (local, API or scripted) on an environment; --exploit runs its exploit hook.
 
-    python eval.py --model out/rl --setting optimal -n 200 --out out/eval_rl_optimal     # GPU or CPU
-    python eval.py --model minimax --setting random -n 200                                # scripted baseline
-    python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 --setting optimal -n 100 --out out/api
-    python eval.py --model out/rl --certify --out out/cert_rl                              # every opponent line
-    python eval.py --model out/rl --setting optimal random --certify --out out/eval_rl    # all three, one model load
-    python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5                        # watch a model play
+    python eval.py --model out/rl --setting optimal -n 200 --out out/eval_rl_optimal  # GPU or CPU
+    python eval.py --model oracle --env reverse -n 200                                  # a scripted player
+    python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 -n 100 --out out/api
+    python eval.py --model out/rl --setting optimal random --exploit --out out/eval_rl  # one model load
+    python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5                     # watch it play
 
-Writes DIR/rollouts.jsonl as episodes finish (--resume skips them) and DIR/summary.json: n, reward_mean, reward_se,
-`<name>_rate` and `mean_<name>` of the environment's metrics (`n_<name>` counts), reward_<component>, timings.
+Writes DIR/rollouts.jsonl as episodes finish (--resume skips them) and DIR/summary.json: n,
+reward_mean, reward_se, `<name>_rate` and `mean_<name>` of the environment's metrics (`n_<name>`
+counts), reward_<component>, timings.
 """
 import argparse
 import json
@@ -111,8 +111,7 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
 
 
 def evaluate_standard(env_name, env_args, policy, n, seed=10_000, out=None, envs=None):
-    """evaluate() under each of the environment module's EVAL_SETTINGS (env_args overrides; tic-tac-toe:
-    the optimal and the random opponent), or once with env_args as given. Returns {setting: (summary, records)}; sft.py
+    """evaluate() under each of the environment module's EVAL_SETTINGS (env_args overrides), or once with env_args as given. Returns {setting: (summary, records)}; sft.py
     and rl.py use it, with `envs`, a dict they keep, so that each setting's environment is built once a run (a
     third-party one starts a worker process)."""
     results, envs = {}, {} if envs is None else envs
@@ -140,12 +139,12 @@ def stages_on_one_axis(stages):
     return rows, starts
 
 
-def plot_curves(stages, png, certify_panels=None):
-    """Training curves as a PNG, when matplotlib is installed; returns whether drawn. stages: [(name, metrics.jsonl of
-    an rl.py run)], one after another on one step axis (the speedrun's report: its RL stages, their starts dotted).
-    Panels: the reward and its components, entropy, reply length, gradient norm; the evaluations' mean reward per
-    setting; --exploit's verdicts (`certify_<key>`): certify_panels [(title, keys)], else one panel of every key;
-    counts on a symlog axis (from hundreds to 0)."""
+def plot_curves(stages, png, panels=None):
+    """Training curves as a PNG, when matplotlib is installed; returns whether drawn. stages: [(name,
+    metrics.jsonl of an rl.py run)], one after another on one step axis, their starts dotted.
+    Panels: the reward and its components, entropy, reply length, gradient norm; the evaluations'
+    mean reward per setting; then `panels` [(title, keys)] (an environment's curve_panels), else one
+    panel of every exploit_* key; integer counts on a symlog axis (from hundreds to 0)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -155,9 +154,12 @@ def plot_curves(stages, png, certify_panels=None):
     rows, starts = stages_on_one_axis(stages)
     keys = lambda prefix, suffix="": list(dict.fromkeys(k for r in rows for k in r if k.startswith(prefix) and k.endswith(suffix)))
     train = ["reward"] + keys("reward_") + ["entropy", "reply_len", "grad_norm"]
-    verdicts = [k[8:] for k in keys("certify_") if k != "certify_s" and all(isinstance(r.get(k, 0), (int, float)) for r in rows)]
-    panels = [(k, [k]) for k in train if any(k in r for r in rows)] + [("greedy evaluation: mean reward", keys("eval_", "_reward_mean"))]
-    panels += [(title, [f"certify_{k}" for k in ks]) for title, ks in (certify_panels or [("exploit's verdicts", verdicts)])] if verdicts else []
+    verdicts = [k for k in keys("exploit_") if k != "exploit_s"
+                and all(isinstance(r.get(k, 0), (int, float)) for r in rows)]
+    panels_of_train = [(k, [k]) for k in train if any(k in r for r in rows)]
+    panels_of_train += [("greedy evaluation: mean reward", keys("eval_", "_reward_mean"))]
+    panels = panels_of_train + ([(t, list(ks)) for t, ks in (panels or [("exploit", verdicts)])]
+                                if verdicts else [])
     n_rows = (len(panels) + 3) // 4
     fig, axes = plt.subplots(n_rows, 4, figsize=(16, 3 * n_rows), squeeze=False)
     axes = axes.flatten()
@@ -169,7 +171,8 @@ def plot_curves(stages, png, certify_panels=None):
         ax.set_title(title, fontsize=9)
         if len(panel) > 1 and ax.lines:
             ax.legend(fontsize=7)
-        if panel and panel[0].startswith("certify_") and all(isinstance(r[k], int) for k in panel for r in rows if k in r):
+        counts = all(isinstance(r[k], int) for k in panel for r in rows if k in r)
+        if panel and panel[0].startswith("exploit_") and counts:
             ax.set_yscale("symlog", linthresh=1)
         ax.set_xlabel("step")
         for x, _ in starts[1:]:
@@ -188,14 +191,13 @@ def plot_curves(stages, png, certify_panels=None):
 
 
 def run_task(args, task, env_args, policy, out):
-    """One setting's episodes, or the certificate, with its summary printed and written to out."""
+    """One setting's episodes, or the exploit hook's verdict, with its summary printed and written to out."""
     task_env_args = {**env_args, **eval_settings(args.env).get(task, {})}
     env = load_env(args.env, task_env_args)
-    if task == "certify":
-        summary, findings = env.certify(policy, out)
-        for m in findings[:args.show]:
-            print(json.dumps(m) + "\n")
-        print(format_summary(summary, f"certificate for {args.model} (greedy)"))
+    if task == "exploit":
+        summary, score, found = env.exploit(policy, out)
+        print(format_summary(summary, f"exploit hook on {args.model} (greedy): score {list(score)}, "
+                                      f"{len(found)} examples where it errs"))
     else:
         summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
         for rec in records[:args.show]:
@@ -212,13 +214,13 @@ def main():
     p.add_argument("-n", type=int, default=100, help="number of examples")
     p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per example")
     p.add_argument("--setting", nargs="+", default=None, metavar="SETTING",
-                   help="evaluation settings the environment names in its EVAL_SETTINGS (tictactoe: optimal, random); "
-                        "several (or one with --certify) run one after the other on one loaded model, each into its own "
+                   help="evaluation settings the environment names in its EVAL_SETTINGS ; "
+                        "several (or one with --exploit) run one after the other on one loaded model, each into its own "
                         "subdirectory of --out")
     p.add_argument("--out", default=None, help="directory for summary.json and rollouts.jsonl")
     p.add_argument("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
-    p.add_argument("--certify", action="store_true", help="the environment's certify hook (tictactoe: the greedy policy "
-                   "against every opponent line)")
+    p.add_argument("--exploit", action="store_true", help="the environment's exploit(policy, out) hook "
+                   "on the greedy policy: its summary, and its report in --out")
     p.add_argument("--show", type=int, default=2, help="transcripts to print")
     args = p.parse_args()
     check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
@@ -226,17 +228,17 @@ def main():
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))
-    if args.certify and args.temp != 0:
-        raise SystemExit("--certify proves the greedy policy: use --temp 0")
-    # tasks: each setting's episodes, then the certificate; the model is loaded once for all of them
-    tasks = list(args.setting or ([] if args.certify else [None])) + (["certify"] if args.certify else [])
+    if args.exploit and args.temp != 0:
+        raise SystemExit("--exploit judges the greedy policy: use --temp 0")
+    # tasks: each setting's episodes, then the exploit hook; the model is loaded once for all of them
+    tasks = list(args.setting or ([] if args.exploit else [None])) + (["exploit"] if args.exploit else [])
     env = load_env(args.env, env_args)
     settings = eval_settings(args.env)
     unknown = sorted(set(args.setting or []) - set(settings))
     if unknown:
         raise SystemExit(f"--setting {' '.join(unknown)}: {args.env} names the settings {', '.join(settings)}")
-    if args.certify and not hasattr(env, "certify"):
-        raise SystemExit(f"--certify needs an environment with a certify(policy, out) hook (tictactoe), not {args.env!r}")
+    if args.exploit and not hasattr(env, "exploit"):
+        raise SystemExit(f"--exploit needs an environment with an exploit(policy, out) hook: {args.env!r} has none")
     policy = policy_from_args(args, env)
     for task in tasks:
         out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out

@@ -48,6 +48,7 @@ class Guarded:
         self.system_prompt, self.max_turns = info["system_prompt"], info["max_turns"]
         self.reward_weights, self.tools = info["reward_weights"], info.get("tools")
         self.reward_names, self.metric_names = info["reward_names"], info["metric_names"]
+        self.scripted_players = tuple(info["scripted_players"])
 
     # ------------------------------------------------------------------------- the worker
 
@@ -181,15 +182,15 @@ class Guarded:
     def describe(self, state):
         return state["describe"] or f"episode {state['id']} ({len(state['replies'])} replies so far)"
 
-    def scripted_player(self, name, random_move_prob=0.0):
-        kind, value = self._call("player", [name, random_move_prob])
+    def scripted_player(self, name):
+        kind, value = self._call("player", [name])
         if kind != "ok":
             raise ValueError(value)
 
         def player(state):  # the episode's own environment plays it (eval.py plays with another instance's player)
             if state["done"]:
                 return ""
-            kind, value = state["guard"]._episode_call(state, "play", [state["id"], name, random_move_prob])
+            kind, value = state["guard"]._episode_call(state, "play", [state["id"], name])
             return value if kind == "ok" else ""
         return player
 
@@ -234,10 +235,9 @@ def _serve(proto):
             elif op == "drop":
                 result = states.pop(arg, None) and None
             elif op in ("player", "play"):  # "player" checks the name, "play" plays (after a restart too)
-                key = json.dumps(arg[-2:])
-                if key not in players:
-                    players[key] = env.scripted_player(*arg[-2:])
-                result = players[key](states[arg[0]]) if op == "play" else None
+                if arg[-1] not in players:
+                    players[arg[-1]] = env.scripted_player(arg[-1])
+                result = players[arg[-1]](states[arg[0]]) if op == "play" else None
             reply = ["ok", result]
         except Exception as e:  # the library raised: this call fails, the worker goes on
             kind = type(e).__name__ if type(e) in (ValueError, TypeError) else "error"
@@ -263,7 +263,8 @@ def _describe_env(env):
             break
     return {"system_prompt": env.system_prompt, "max_turns": env.max_turns, "reward_weights": env.reward_weights,
             "tools": getattr(env, "tools", None), "reward_names": list(env.rewards(state)),
-            "metric_names": list(_metrics(env, state))}
+            "metric_names": list(_metrics(env, state)),
+            "scripted_players": list(getattr(env, "scripted_players", ()))}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """
 The policies besides a local Hugging Face model (sample.HFPolicy), for eval.py and sft.py's teachers: APIPolicy, an
 OpenAI-compatible endpoint (concurrent requests, retries with backoff, a seed per request); ScriptedPolicy, the
-environment's own scripted players (tic-tac-toe: random, minimax; calc: oracle); make_policy, a --model string to one.
+environment's own scripted players (its `scripted_players`); make_policy, a --model string to one.
 """
 import concurrent.futures
 import json
@@ -112,18 +112,12 @@ def server_reason(e):
 # ----------------------------------------------------------------------------- the environment's scripted players
 
 
-def has_scripted_player(env, name):
-    try:
-        env.scripted_player(name)
-        return True
-    except (ValueError, AttributeError):
-        return False
-
-
 class ScriptedPolicy:
-    def __init__(self, env, name, random_move_prob=0.0):
+    """One of the environment's scripted players (its `scripted_players`), by name."""
+
+    def __init__(self, env, name):
         try:
-            self.player = env.scripted_player(name, random_move_prob)
+            self.player = env.scripted_player(name)
         except ValueError as e:  # a player this environment does not have
             raise SystemExit(str(e)) from None
         self.gen_tokens = 0
@@ -159,18 +153,21 @@ def is_function_spec(model):
 
 
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
-                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, random_move_prob=0.0, seed=0, send_seed=True,
+                api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, seed=0, send_seed=True,
                 engine="auto"):
     """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
-    # the common scripted players' names go to the environment, which says which players it has if not that one
     if is_function_spec(model):
         return FunctionPolicy(model)
-    if model in ("random", "minimax", "oracle") or (not os.path.isdir(model) and has_scripted_player(env, model)):
-        return ScriptedPolicy(env, model, random_move_prob)
+    if model in getattr(env, "scripted_players", ()) and not os.path.isdir(model):
+        return ScriptedPolicy(env, model)
     if api_base:
         return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed,
                          tools=getattr(env, "tools", None))
-    lm, tokenizer = load_model(model, device)
+    try:
+        lm, tokenizer = load_model(model, device)
+    except SystemExit as e:  # perhaps meant as a scripted player: say which the environment has
+        players = ", ".join(getattr(env, "scripted_players", ())) or "none"
+        raise SystemExit(f"{e} (this environment's scripted players: {players})") from None
     return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine,
                     tools=getattr(env, "tools", None))
 
@@ -179,9 +176,9 @@ def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=1
 
 
 def add_policy_args(p):
-    """Flags shared by the scripts that play episodes with any policy (eval.py, env_tictactoe.py)."""
+    """Flags shared by the scripts that play episodes with any policy (eval.py, an environment's own CLI)."""
     p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with "
-                   "--api_base, a scripted player (random, minimax), or a function module:function (conversation -> reply)")
+                   "--api_base, a scripted player of the environment, or a function module:function (conversation -> reply)")
     p.add_argument("--env", default="tictactoe", help="environment NAME: imports env_NAME.py")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")
@@ -192,7 +189,6 @@ def add_policy_args(p):
                    "(generate(), the reference) or fast (engine.py); auto: fast wherever it holds the model's layers")
     p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    p.add_argument("--random_move_prob", type=float, default=0.0, help="--model minimax only: its own random-move probability")
     return add_api_args(p)
 
 
@@ -212,12 +208,12 @@ POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value mus
     "max_new_tokens": (at_least(1), ">= 1"),
     "batch_size": (at_least(1), ">= 1"),
     "concurrency": (at_least(1), ">= 1"),
-    "random_move_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
     "device": TRAIN_FLAG_RULES["device"],
+    "seed": TRAIN_FLAG_RULES["seed"],
 }
 
 
 def policy_from_args(args, env, temp=None):
     return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
-                       args.batch_size, args.api_base, args.api_key_env, args.concurrency, args.random_move_prob,
+                       args.batch_size, args.api_base, args.api_key_env, args.concurrency,
                        args.seed, not args.no_api_seed, args.engine)

@@ -16,7 +16,6 @@ graph per turn, which --engine auto picks wherever it holds the model's layers. 
 HFPolicy._sample: inverse-CDF with one uniform number per token from a generator seeded by (seed, episode number,
 rollout, turn), so an episode's tokens do not depend on the engine, on --gen_batch or on the number of ranks.
 """
-import copy
 
 import numpy as np
 import torch
@@ -316,16 +315,6 @@ def new_episode(env, example, index=0, rollout=0):
     state, first = env.reset(example)
     return {"example": example, "index": index, "rollout": rollout, "state": state,
             "messages": [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first}]}
-
-
-def branch(ep):
-    """A copy of an episode that goes on apart from it (the tic-tac-toe certificate branches its lines over the
-    opponent's replies): its lists and environment state copied, anything else shared, the KV cache included (the
-    fast engine gives the copy a row of its own). Lists are copied whole, not element by element as deepcopy would
-    (1.6 s of a 24 s certificate on a 2-core CPU)."""
-    child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
-    child["state"] = copy.deepcopy(ep["state"])
-    return child
 
 
 def advance(env, ep, reply):

@@ -3,7 +3,7 @@ SFT warm-up: play teacher games, keep the good ones, train every parameter on th
 
     python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --api_base https://api.openai.com/v1 \
         --n_games 200 --max_steps 30 --batch 32 --lr 1e-5                                      # GPU, as in the reference
-    python sft.py --model scratch --teacher minimax --teacher_random_prob 0.2                # offline, CPU, ~10 minutes
+    python sft.py --model scratch --env_args '{"player_random_prob": 0.2}'   # offline, CPU (speedrun.sh)
     python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
     torchrun --standalone --nproc_per_node 8 sft.py --model Qwen/Qwen3-1.7B --data out/sft/data.jsonl --batch 64   # 8 GPUs
 
@@ -11,8 +11,8 @@ SFT warm-up: play teacher games, keep the good ones, train every parameter on th
 on the environment's own transcripts, with a ChatML template, saved with save_pretrained: an ordinary model directory.
 Conversations are laid out as rollouts lay out trajectories (sample.ChatTokens): the loss is on the assistant replies
 and their end-of-turn tokens only, except for the scratch model, which has never read anything and also learns to
-predict the system and environment messages (--context_loss 0.3: boards, free cells, the opponent's moves). That
-dense signal teaches it to read the board: after 1,000 steps 2.5-3.5% of its games had an invalid move, not 17-36%.
+predict the system and environment messages (--context_loss 0.3). That dense signal teaches it to read
+what the environment says (docs/LESSONS.md measures it).
 Under torchrun each rank trains on its share of each batch, the loss divided by the whole batch's reply tokens, the
 gradients summed; rank 0 plays the teacher's games and builds a scratch model, the others read them from DIR.
 Output: DIR (out/sft), a save_pretrained directory loadable by eval.py, rl.py, transformers and vLLM, with
@@ -34,7 +34,7 @@ from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_leas
 from engine import enable_grad_ckpt
 from eval import evaluate_standard
 from ranks import stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
-from policies import FunctionPolicy, ScriptedPolicy, add_api_args, has_scripted_player, is_function_spec, make_policy
+from policies import FunctionPolicy, ScriptedPolicy, add_api_args, is_function_spec, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 
 
@@ -56,7 +56,7 @@ def keep_rules(keep):
 
 def keep_game(rec, rules):
     """Whether a teacher game passes keep_rules(): reward>=X, or each named metric equal to VALUE (one the environment
-    does not report passes), e.g. format=1,loss=0: well-formed and not lost (tic-tac-toe's, the default)."""
+    does not report passes), e.g. format=1,loss=0: well-formed and not lost."""
     metrics = rec.get("metrics", {})
     return all(rec["reward"] >= value if name == "reward>=" else metrics.get(name, value) == value for name, value in rules)
 
@@ -64,7 +64,7 @@ def keep_game(rec, rules):
 def teacher_games(args, env):
     """Play --n_games with the teacher, write all games to DIR/teacher_games.jsonl as they finish, return the kept ones."""
     policy = make_policy(args.teacher, env, args.device, args.teacher_temp, 1.0, args.max_new_tokens, 256, args.api_base,
-                         args.api_key_env, args.concurrency, args.teacher_random_prob, args.seed, not args.no_api_seed)
+                         args.api_key_env, args.concurrency, args.seed, not args.no_api_seed)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "teacher_games.jsonl")
     games = []
@@ -114,23 +114,23 @@ def read_data(path):
 
 def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048,
                   teacher=None):
-    """Train a byte-level BPE tokenizer on scripted transcripts of `env` (its random/minimax/oracle players, or the
+    """Train a byte-level BPE tokenizer on scripted transcripts of `env` (its scripted_players, or the
     `teacher` function "module:function"), build a random-init Llama, save both."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     texts = [env.system_prompt]
-    players = [ScriptedPolicy(env, n, 0.3) for n in ("random", "minimax", "oracle") if has_scripted_player(env, n)]
+    players = [ScriptedPolicy(env, name) for name in getattr(env, "scripted_players", ())]
     players += [FunctionPolicy(teacher)] if teacher and is_function_spec(teacher) else []
     if not players:
         raise SystemExit("--model scratch trains its tokenizer on a scripted player's games: this environment has no "
-                         "random, minimax or oracle player; give --teacher module:function (conversation -> reply)")
+                         "scripted_players; give --teacher module:function (conversation -> reply)")
     for i, policy in enumerate(players):
         for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
             texts += [m["content"] for m in rec["messages"][1:]]
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
-    # digits stand alone, so a cell is one token whether it follows a space ("cell 4"), a bar ("4|5") or a tag
-    # ("<move>4"): copying a cell number from the board to the reasoning to the move is then an identity map
+    # digits stand alone, so a number is the same tokens wherever it stands (after a space, a bar or a
+    # tag): copying a number from the prompt to the reply is then an identity map
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
@@ -219,16 +219,16 @@ def parse_args(argv=None):
     p.add_argument("--model", default="scratch", help="hub id or directory to fine-tune, or 'scratch' to build a small model offline")
     p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
-    p.add_argument("--teacher", default="minimax", help="teacher: a scripted player (minimax, random), a function "
-                   "module:function (conversation -> reply), an API model with --api_base, or an HF model")
-    p.add_argument("--teacher_random_prob", type=float, default=0.2, help="scripted minimax teacher: its random-move probability")
+    p.add_argument("--teacher", default=None, help="teacher: a scripted player of the environment (default: "
+                   "its first), a function module:function (conversation -> reply), an API model with "
+                   "--api_base, or an HF model")
     p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
     add_api_args(p, "--teacher")
     p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
     p.add_argument("--n_games", type=int, default=12000, help="teacher games to play (scripted teachers are free; ~200 for an API teacher)")
-    p.add_argument("--keep", default="format=1,loss=0", help="the teacher games to train on: all, reward>=X, or METRIC=VALUE,... "
-                   "(each metric of the game equal to VALUE; one the environment lacks passes): format=1,loss=0 keeps the "
-                   "well-formed games not lost")
+    p.add_argument("--keep", default=None, help="the teacher games to train on: all, reward>=X, or "
+                   "METRIC=VALUE,... (each metric of the game equal to VALUE; one the environment lacks "
+                   "passes); default: the environment's `keep`, else all")
     p.add_argument("--data", default=None, help="train on this JSONL of {'messages': [...]} instead of playing teacher games")
     # scratch model
     p.add_argument("--vocab_size", type=int, default=512, help="scratch: BPE vocabulary size")
@@ -240,7 +240,7 @@ def parse_args(argv=None):
     p.add_argument("--max_steps", type=int, default=1000, help="optimizer steps (0: from --epochs)")
     p.add_argument("--batch", type=int, default=8, help="conversations per optimizer step")
     p.add_argument("--context_loss", type=float, default=None, help="weight of the next-token loss on the system and environment "
-                   "tokens (default: 0.3 with --model scratch, a model that has read nothing and must learn to read the board; "
+                   "tokens (default: 0.3 with --model scratch, a model that has read nothing and must learn to read; "
                    "0 otherwise: assistant tokens only, the usual SFT)")
     p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
     p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine", help="lr schedule after warm-up (cosine: to 10%% of --lr)")
@@ -249,9 +249,8 @@ def parse_args(argv=None):
     check_flags(args, {**TRAIN_FLAG_RULES, "n_games": (at_least(1), ">= 1"), "batch": (at_least(1), ">= 1"),
                        "max_steps": (at_least(0), ">= 0 (0: from --epochs)"), "epochs": (positive, "a finite number > 0"),
                        "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
-                       "teacher_random_prob": (lambda x: 0 <= x <= 1, "in [0, 1]"),
                        "teacher_temp": (non_negative, "a finite number >= 0 (0: greedy)"), "concurrency": (at_least(1), ">= 1"),
-                       "keep": (lambda k: keep_rules(k) is not None, "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
+                       "keep": (lambda k: k is None or keep_rules(k) is not None, "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
                        "vocab_size": (at_least(1), ">= 1"), "n_layers": (at_least(1), ">= 1"), "n_heads": (at_least(1), ">= 1"),
                        "d_model": (lambda d: d >= 1 and d % max(args.n_heads, 1) == 0, f"a positive multiple of --n_heads {args.n_heads}"),
                        "context_loss": (lambda x: x is None or non_negative(x), "a finite number >= 0")})
@@ -266,6 +265,13 @@ def main():
     t_start = time.time()
     rank, world, device = start_run(args)  # under torchrun, rank 0 alone prints and writes files
     env = load_env(args.env, args.env_args)
+    # the environment's defaults: its first scripted player teaches, its `keep` rules pick the games
+    args.teacher = args.teacher or next(iter(getattr(env, "scripted_players", ())), None)
+    args.keep = args.keep or getattr(env, "keep", "all")
+    check_flags(args, {"keep": (lambda k: keep_rules(k) is not None, "all, reward>=X or METRIC=VALUE,...")})
+    if args.teacher is None and not args.data:
+        raise SystemExit(f"--teacher: {args.env} has no scripted_players; name a teacher (a function "
+                         "module:function, an API model with --api_base, or an HF model) or give --data")
     resume = checkpoint_to_resume(args, rank)
     # a --data file is read first: a bad line stops the run before a model is built or loaded
     user_data = read_data(args.data) if args.data and rank == 0 and not resume else None

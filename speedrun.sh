@@ -32,10 +32,12 @@ RL_STEPS=${RL_STEPS:-45}  # ~8-11 s a step on 2 cores
 EXPLOIT=${EXPLOIT:-5}  # the exploiter: every EXPLOIT RL steps (0: off), certify the greedy policy and replay its mistakes
 # the environments: every message lists each side's cells, so the small model reads the position as numbers; SFT's
 # and RL's games start up to 3 rounds in; RL's heavier invalid-move penalty than the default 0.1 keeps the moves
-# legal while RL explores (an invalid move only costs a turn); the evaluation's games start from the empty board
-SFT_ENV='{"show_cells": true, "opening": 3}'
+# legal while RL explores (an invalid move only costs a turn); the evaluation's games start from the empty board;
+# the scripted minimax teacher plays a random move 20% of the time (player_random_prob)
+SFT_ENV='{"show_cells": true, "opening": 3, "player_random_prob": 0.2}'
 RL_ENV='{"show_cells": true, "opening": 3, "invalid_penalty": 0.5}'
 ENV='{"show_cells": true}'
+TEACHER_ENV='{"show_cells": true, "player_random_prob": 0.2}'  # the evaluation's, with the teacher's random moves
 if [ "${QUICK:-0}" = "1" ]; then
   # a model this small and short-trained rarely ends a reply: every evaluated reply runs to the token limit
   MAX_NEW=24
@@ -57,8 +59,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 SECONDS=0
 stamp() { echo "[speedrun ${SECONDS}s] $*"; }
 
-stamp "1-2. scratch model + SFT on the teacher (--teacher minimax --teacher_random_prob 0.2)"
-python sft.py --model scratch --teacher minimax --teacher_random_prob 0.2 $SFT --env_args "$SFT_ENV" --out "$OUT/sft" $RESUME_FLAG | $TEE "$OUT/sft.log"
+stamp "1-2. scratch model + SFT on the teacher (minimax, random moves p=0.2)"
+python sft.py --model scratch --teacher minimax $SFT --env_args "$SFT_ENV" --out "$OUT/sft" $RESUME_FLAG | $TEE "$OUT/sft.log"
 T_SFT=$SECONDS
 
 stamp "3. RL from $OUT/sft"
@@ -68,9 +70,9 @@ python rl.py --model "$OUT/sft" $RL --env_args "$RL_ENV" --out "$OUT/rl" $RESUME
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
-# one eval.py per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify (its progress lines left out)
-EVAL="--setting optimal random --certify -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
-python eval.py --model minimax --random_move_prob 0.2 $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/teacher" | grep -v "^certify: "
+# one eval.py per model (loading it once): OUT/eval/WHO/optimal, .../random, .../exploit (its progress lines left out)
+EVAL="--setting optimal random --exploit -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
+python eval.py --model minimax $EVAL --env_args "$TEACHER_ENV" --show 1 --out "$OUT/eval/teacher" | grep -v "^certify: "
 python eval.py --model "$OUT/sft" $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/sft" | grep -v "^certify: "
 # the RL model: the weights of the exploiter's best certificate (rl.py --exploit keeps them in OUT/rl_best), if any
 RL_MODEL="$OUT/rl"; if [ -d "$OUT/rl_best" ]; then RL_MODEL="$OUT/rl_best"; fi
@@ -78,6 +80,6 @@ python eval.py --model "$RL_MODEL" $EVAL --env_args "$ENV" --show 1 --out "$OUT/
 T_ALL=$SECONDS
 
 stamp "5. report"
-python env_tictactoe.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --teacher minimax --random_move_prob 0.2 \
+python env_tictactoe.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --teacher minimax --teacher_random_prob 0.2 \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV"
 stamp "done: $OUT/report.md"

@@ -164,7 +164,7 @@ if [ "$POLISH_STEPS" -gt 0 ]; then
   RL_FINAL="rl_polish"
 fi
 WINS_RL=""
-if [ "$WINS_STEPS" -gt 0 ] && python env_tictactoe_lab.py --lost_lines "$OUT/rl_polish_best/certificate.json"; then
+if [ "$WINS_STEPS" -gt 0 ] && python env_tictactoe_lab.py --lost_lines "$OUT/rl_polish_best/exploit.json"; then
   WINS_RL="$RL_MAIN --steps $WINS_STEPS --exploit 5"
   stamp "3c. RL from $OUT/rl_polish_best: the third stage again, win puzzles among its puzzles"
   rl_stage "$OUT/rl_polish_best" "$WINS_RL" "$WINS_ENV" rl_wins
@@ -173,8 +173,8 @@ fi
 T_RL=$((SECONDS - T_SFT))
 
 stamp "4. evaluation: $N_EVAL greedy games per opponent, and the certificate"
-# one eval.py per model (loading it once): OUT/eval/WHO/optimal, .../random, .../certify (its progress lines left out)
-EVAL="--setting optimal random --certify -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
+# one eval.py per model (loading it once): OUT/eval/WHO/optimal, .../random, .../exploit (its progress lines left out)
+EVAL="--setting optimal random --exploit -n $N_EVAL --temp 0 --max_new_tokens $MAX_NEW"
 python eval.py --model $TEACHER --env tictactoe_lab $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/teacher" | grep -v "^certify: "
 python eval.py --model "$OUT/sft" --env tictactoe_lab $EVAL --env_args "$ENV" --show 1 --out "$OUT/eval/sft" | grep -v "^certify: "
 # the RL model: the last RL stage's, the weights of the exploiter's best certificate (rl.py --exploit keeps them in DIR_best)

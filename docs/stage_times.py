@@ -106,9 +106,9 @@ def project(recorded, probe, wall):
     scales the rest of the stage, whose steps grow or shrink as the policy's games do. Its first step (a warm-up
     here) is taken as measured."""
     steps = {r["step"]: r["step_time"] for r in probe if "step_time" in r}
-    certs = {r["step"]: r["certify_s"] for r in probe if "certify_s" in r}
+    certs = {r["step"]: r["exploit_s"] for r in probe if "exploit_s" in r}
     rec_steps = {r["step"]: r["step_time"] for r in recorded if "step_time" in r}
-    rec_certs = {r["step"]: r["certify_s"] for r in recorded if "certify_s" in r}
+    rec_certs = {r["step"]: r["exploit_s"] for r in recorded if "exploit_s" in r}
     first = min(steps)
     same = [s for s in steps if s != first and s in rec_steps] or [first]
     ratio = sum(steps[s] for s in same) / sum(rec_steps[s] for s in same)
@@ -140,7 +140,7 @@ def time_stages(bundle_dir, out, steps):
         recorded = rows(at(stage, "metrics.jsonl"))
         wall = run_script("rl.py", argv_of(args, model=at(start), steps=steps, out=os.path.join(out, stage)),
                           os.path.join(out, f"{stage}.log"))
-        table.append((stage, sum("step_time" in r for r in recorded), sum("certify_s" in r for r in recorded),
+        table.append((stage, sum("step_time" in r for r in recorded), sum("exploit_s" in r for r in recorded),
                       *project(recorded, rows(os.path.join(out, stage, "metrics.jsonl")), wall)))
         print(f"{stage}: {table[-1][3]:.0f} s projected", flush=True)
 

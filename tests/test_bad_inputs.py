@@ -1,11 +1,14 @@
-"""Bad command lines, as a hostile user would type them, against the four scripts: each must stop with a clean
-message that names what to change (no traceback, no silent acceptance), before any work and without touching the
-output directory of an earlier run.
+"""Bad command lines, as a hostile user would type them, against the three scripts: each must
+stop with a clean message that names what to change (no traceback, no silent acceptance), before
+any work and without touching the output directory of an earlier run.
 
-The table is built from the scripts' own flags: every numeric flag gets -1, NaN and 0 (0 where it is invalid),
-then broken environments, bad --env_args for both environments, bad devices, unwritable outputs, bad models and
-the cross-flag rules. A full disk in the middle of a run is simulated by a write that fails with ENOSPC.
+The numeric flags are read from the scripts' own parsers, so a flag added later is checked without
+an edit here: each gets -1, NaN, inf and 0, and must refuse each of them unless ACCEPTED says why
+it takes that value. Then broken environments, bad --env_args for both environments, bad devices,
+unwritable outputs, bad models and the cross-flag rules. A full disk in the middle of a run is
+simulated by a write that fails with ENOSPC.
 """
+import argparse
 import errno
 import importlib
 import os
@@ -21,22 +24,61 @@ if str(ROOT) not in sys.path:
 
 import common  # noqa: E402
 
-# the numeric flags of each script, and those where 0 is a valid value (it then means "off", "greedy" or "default")
-NUMERIC = {
-    "rl": ["--batch", "--group", "--temp", "--max_new_tokens", "--gen_batch", "--steps", "--eps_low", "--eps_high",
-           "--beta", "--ppo_epochs", "--minibatch", "--exploit", "--lr", "--warmup", "--token_budget", "--eval_every",
-           "--eval_n", "--save_every"],
-    "sft": ["--teacher_random_prob", "--teacher_temp", "--concurrency", "--max_new_tokens", "--n_games", "--vocab_size",
-            "--d_model", "--n_layers", "--n_heads", "--epochs", "--max_steps", "--batch", "--context_loss", "--max_len",
-            "--lr", "--warmup", "--token_budget", "--eval_every", "--eval_n", "--save_every"],
-    "eval": ["--temp", "--top_p", "--max_new_tokens", "--batch_size", "--concurrency", "--random_move_prob", "-n",
-             "--rollouts", "--show"],
+SCRIPTS = ["rl", "sft", "eval"]
+
+
+class _Parser(Exception):
+    """Raised in place of parse_args(): hands back the parser a script built, nothing checked."""
+
+
+def script_parser(script):
+    """SCRIPT's argparse parser, caught as its parse_args() (eval: its main()) reaches the command
+    line. The flags come from the script itself: one added later is checked too."""
+    module = importlib.import_module(script)
+
+    def caught(parser, *a, **kw):
+        raise _Parser(parser)
+    real, argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_args, caught
+    try:
+        (module.parse_args if hasattr(module, "parse_args") else module.main)()
+    except _Parser as e:
+        return e.args[0]
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    raise AssertionError(f"{script}.py built no argparse parser: its flags cannot be read")
+
+
+def numeric_flags(script):
+    """{flag: int or float} of SCRIPT's numeric options, each by its longest name (-r/--rollouts:
+    --rollouts, the name check_flags' message gives)."""
+    return {max(a.option_strings, key=len): a.type for a in script_parser(script)._actions
+            if a.type in (int, float)}
+
+
+NUMERIC = {script: numeric_flags(script) for script in SCRIPTS}
+# what a hostile or careless user types: negative, not a number, infinite, 0
+BAD_VALUES = ["-1", "nan", "inf", "0"]
+# the values of BAD_VALUES a flag takes on purpose, and why; it must refuse the others
+SEED = {"0": "the default seed"}
+RUN = {"--warmup": {"0": "no warm-up"}, "--eval_every": {"0": "evaluate only at the end"},
+       "--save_every": {"0": "checkpoint only at the end"}, "--seed": SEED}
+ACCEPTED = {
+    "rl": {**RUN, "--steps": {"0": "no step: the loaded model is evaluated and saved"},
+           "--eps_low": {"0": "a lower clip at ratio 1"},
+           "--eps_high": {"0": "an upper clip at ratio 1"},
+           "--beta": {"0": "no KL penalty (no reference model loaded)"},
+           "--minibatch": {"0": "the whole batch in one optimizer step"},
+           "--exploit": {"0": "off"}, "--dynamic_sampling": {"0": "off"},
+           "--tis_cap": {"0": "off"}},
+    "sft": {**RUN, "--teacher_temp": {"0": "a greedy teacher"},
+            "--max_steps": {"0": "the steps come from --epochs"},
+            "--context_loss": {"0": "the loss on assistant tokens only, the usual SFT"}},
+    "eval": {"--seed": SEED, "--temp": {"0": "greedy"}, "--show": {"0": "print no transcript"}},
 }
-ZERO_IS_VALID = {"rl": {"--steps", "--eps_low", "--eps_high", "--beta", "--minibatch", "--exploit", "--warmup",
-                        "--eval_every", "--save_every"},
-                 "sft": {"--teacher_random_prob", "--teacher_temp", "--max_steps", "--context_loss", "--warmup",
-                         "--eval_every", "--save_every"},
-                 "eval": {"--temp", "--random_move_prob", "--show"}}
+NUMERIC_CASES = [(script, flag, value) for script, flags in NUMERIC.items() for flag in flags
+                 for value in BAD_VALUES if value not in ACCEPTED[script].get(flag, {})]
+ACCEPTED_CASES = [(script, flag, value) for script, flags in ACCEPTED.items()
+                  for flag, values in flags.items() for value in values]
 ENV_FILES = {  # env_NAME.py: its source, and the message
     "syntax": ("def load_environment(:\n", "env_syntax.py failed to import: SyntaxError"),
     "raises": ("raise RuntimeError('boom')\n", "env_raises.py failed to import: RuntimeError: boom"),
@@ -68,12 +110,7 @@ ENV_ARGS = [  # (--env, --env_args, message)
 
 def cases():
     """(script, argv, what its message must say: a string, or a tuple of strings)"""
-    for script, flags in NUMERIC.items():
-        for flag in flags:
-            for value in ["-1", "nan"] + ([] if flag in ZERO_IS_VALID[script] else ["0"]):
-                # a float flag: "--lr nan: must be ..."; an int flag: argparse's "argument --batch: invalid int value: 'nan'"
-                yield script, [f"{flag}={value}"], (f"{flag} {value}", "must be") if value != "nan" else (flag, "nan")
-    for script in NUMERIC:
+    for script in SCRIPTS:  # the numeric flags: test_numeric_flag_refuses_a_bad_value
         yield script, ["--env", "nope"], "no environment 'nope': write env_nope.py"
         for name, (_, message) in ENV_FILES.items():
             yield script, ["--env", name], message
@@ -86,8 +123,8 @@ def cases():
         yield script, ["--model", "{tmp}/no_such_model"], "could not load model"
         yield script, ["--model", "{corrupt}"], "could not load model"
         yield script, ["--model", "{file}"], "could not load model"
-    yield "eval", ["--model", "random", "--env", "reverse"], "unknown scripted player 'random' for reverse: use 'oracle'"
-    yield "sft", ["--teacher", "minimax", "--env", "reverse"], "unknown scripted player 'minimax' for reverse"
+    yield "eval", ["--model", "random", "--env", "reverse"], "this environment's scripted players: oracle"
+    yield "sft", ["--teacher", "minimax", "--env", "reverse"], "this environment's scripted players: oracle"
     yield "sft", ["--keep", "reward>=abc"], "--keep reward>=abc: must be all, reward>=X or METRIC=VALUE,..."
     yield "sft", ["--keep", "best"], "--keep best: must be"
     yield "sft", ["--keep", "reward>=nan"], "--keep reward>=nan: must be"
@@ -99,9 +136,9 @@ def cases():
         yield script, ["--model", "out/no_such_run"], "could not load model 'out/no_such_run': there is no such directory"
     yield "rl", ["--batch", "6", "--group", "4"], "--batch 6: must be a positive multiple of --group 4"
     yield "rl", ["--group", "1"], "--group 1: must be >= 2"
-    yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit() hook"
-    yield "eval", ["--certify", "--temp", "1"], "--certify proves the greedy policy: use --temp 0"
-    yield "eval", ["--certify", "--env", "reverse", "--model", "oracle"], "--certify needs an environment with a certify(policy, out) hook"
+    yield "rl", ["--env", "reverse", "--exploit", "2"], "--exploit needs an environment with an exploit(policy) hook"
+    yield "eval", ["--exploit", "--temp", "1"], "--exploit judges the greedy policy: use --temp 0"
+    yield "eval", ["--exploit", "--env", "reverse", "--model", "oracle"], "--exploit needs an environment with an exploit(policy, out) hook"
     yield "eval", ["--setting", "optimal", "--env", "reverse", "--model", "oracle"], "--setting optimal: reverse names the settings default"
 
 
@@ -158,6 +195,84 @@ def test_bad_command_line_stops_cleanly_before_touching_out(script, argv, messag
     for part in (message,) if isinstance(message, str) else message:
         assert filled(part, fill) in said, said
     assert sorted(os.listdir(out)) == ["metrics.jsonl"] and (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+class Accepted(Exception):
+    """The command line got past the script's flag checks."""
+
+
+def stop_after_flag_checks(script, monkeypatch):
+    """Have SCRIPT's main() raise Accepted once its flags are checked (rl, sft: parse_args() has
+    returned; eval: its check_flags() call has), so that a value that slips through ends the test
+    there instead of running the script: no model is loaded, nothing is written."""
+    module = importlib.import_module(script)
+    name = "parse_args" if hasattr(module, "parse_args") else "check_flags"
+    checks = getattr(module, name)
+
+    def then_stop(*a, **kw):
+        checks(*a, **kw)
+        raise Accepted
+    monkeypatch.setattr(module, name, then_stop)
+
+
+def refusal(script, argv, monkeypatch, capsys):
+    """What SCRIPT's main() says as it refuses ARGV (argparse's own refusal: its stderr, from
+    "usage:" on), or None where it accepts it."""
+    stop_after_flag_checks(script, monkeypatch)
+    try:
+        run_script(script, argv, monkeypatch)
+    except Accepted:
+        return None
+    except SystemExit as e:
+        assert e.code not in (0, None), f"{script}.py {' '.join(argv)}: exit status {e.code}"
+        return str(e.code) if e.code != 2 else capsys.readouterr().err  # 2: argparse's refusal
+    raise AssertionError(f"{script}.py {' '.join(argv)}: main() returned before its flag checks")
+
+
+def earlier_run(tmp_path):
+    out = tmp_path / "earlier_run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    return out
+
+
+@pytest.mark.parametrize("script, flag, value", NUMERIC_CASES,
+                         ids=[" ".join(case) for case in NUMERIC_CASES])
+def test_numeric_flag_refuses_a_bad_value(script, flag, value, tmp_path, monkeypatch, capsys):
+    out = earlier_run(tmp_path)
+    said = refusal(script, ["--out", str(out), f"{flag}={value}"], monkeypatch, capsys)
+    assert said is not None, (f"{script}.py {flag} {value} passed its flag checks: validate "
+                              f"{flag} in {script}.py, or add the value to ACCEPTED[{script!r}] "
+                              "with the reason it is valid")
+    if said.startswith("usage:"):  # argparse: "argument -r/--rollouts: invalid int value: 'nan'"
+        kind = NUMERIC[script][flag].__name__
+        assert "argument " in said and flag in said, said
+        assert f"invalid {kind} value: '{value}'" in said, said
+    else:  # check_flags: "--lr nan: must be a finite number > 0" (a float prints as -1.0, 0.0)
+        assert f"{flag} {value}" in said and ": must be " in said, said
+    assert sorted(os.listdir(out)) == ["metrics.jsonl"]
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+@pytest.mark.parametrize("script, flag, value", ACCEPTED_CASES,
+                         ids=[" ".join(case) for case in ACCEPTED_CASES])
+def test_accepted_bad_values_are_accepted(script, flag, value, tmp_path, monkeypatch, capsys):
+    """Each entry of ACCEPTED names a numeric flag of its script and a value the flag takes: an
+    entry whose flag is gone, or whose value is now refused (validated since), must leave the
+    table, where it would only hide a check."""
+    assert flag in NUMERIC[script], f"ACCEPTED[{script!r}]: {flag} is no numeric flag of {script}"
+    assert value in BAD_VALUES, f"ACCEPTED[{script!r}][{flag!r}]: {value} is never tried"
+    said = refusal(script, ["--out", str(earlier_run(tmp_path)), f"{flag}={value}"], monkeypatch,
+                   capsys)
+    assert said is None, f"{script}.py refuses {flag} {value} ({said}): drop it from ACCEPTED"
+
+
+def test_the_numeric_flags_are_found():
+    """The parsers are read at all: flags each script has always had, each with its type."""
+    rl_flags = {"--batch": int, "--lr": float, "--eps_high": float, "--seed": int}
+    assert rl_flags.items() <= NUMERIC["rl"].items()
+    assert {"--n_games": int, "--epochs": float}.items() <= NUMERIC["sft"].items()
+    assert {"-n": int, "--rollouts": int, "--top_p": float}.items() <= NUMERIC["eval"].items()
 
 
 def test_the_default_model_missing_fails_at_once_naming_the_command(monkeypatch, tmp_path):

@@ -69,8 +69,8 @@ def assert_same_run(a, b, exact=False):
 
 
 def certificates(out):
-    return [{k: v for k, v in r.items() if k != "certify_s"} for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
-            if "certify_lines_lost" in r]
+    return [{k: v for k, v in r.items() if k != "exploit_s"} for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
+            if "exploit_lines_lost" in r]
 
 
 def test_rl_two_ranks_train_as_one_process_and_resume_across_rank_counts(tiny_model_dir, tmp_path):
@@ -101,7 +101,7 @@ def test_rl_exploiter_under_two_ranks_and_one_process_resumed_into_two(tiny_mode
     assert [c["step"] for c in certificates(crossed)] == [0, 2, 4]
     assert certificates(one) == certificates(crossed)
     assert sorted(os.listdir(one + "_best")) == sorted(os.listdir(crossed + "_best"))
-    assert json.load(open(one + "_best/certificate.json")) == json.load(open(crossed + "_best/certificate.json"))
+    assert json.load(open(one + "_best/exploit.json")) == json.load(open(crossed + "_best/exploit.json"))
 
 
 def test_sft_two_ranks_train_as_one_process(tmp_path):

@@ -21,7 +21,8 @@ if str(ROOT) not in sys.path:
 import common  # noqa: E402
 import engine  # noqa: E402
 from engine import FastEngine  # noqa: E402
-from sample import HFPolicy, branch, new_episode, rollout  # noqa: E402
+from env_tictactoe import branch  # noqa: E402
+from sample import HFPolicy, new_episode, rollout  # noqa: E402
 from sft import CHATML  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN  # noqa: E402
 from test_sample import check_layout, replay_logits  # noqa: E402
@@ -298,7 +299,7 @@ def test_graphed_decoding_gives_the_eager_rollouts(arch, short_env, monkeypatch,
 
 
 def test_copied_episodes_go_on_from_their_row(arch, short_env):
-    """An episode branched mid-game (sample.branch: the tic-tac-toe certificate branches every line over the opponent's replies)
+    """An episode branched mid-game (env_tictactoe.branch: the certificate branches every line over the opponent's replies)
     continues from its parent's cache row (its keys and values, and LFM2's convolution state): the same tokens and
     logprobs as generate() re-encoding every turn; the parent's trajectory is left as it was."""
     name, model, tok = arch

@@ -485,7 +485,7 @@ def test_the_random_teacher_checks_answer_by_exit_status(tmp_path):
     at least UNTIL) and --lost_lines CERT (exit 0: the certificate loses a line), each saying what it found."""
     import json
     metrics = tmp_path / "metrics.jsonl"
-    rows = [{"step": 0, "certify_lines_lost": 3}] + [{"step": s, "reward_optimal": 0.1 if s <= 5 else 0.9} for s in range(1, 16)]
+    rows = [{"step": 0, "exploit_lines_lost": 3}] + [{"step": s, "reward_optimal": 0.1 if s <= 5 else 0.9} for s in range(1, 16)]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     check = lambda *flags: subprocess.run([sys.executable, "env_tictactoe_lab.py", *flags], cwd=ROOT, capture_output=True, text=True)
     learnt, not_learnt = check("--puzzle_learnt", str(metrics), "0.9"), check("--puzzle_learnt", str(metrics), "0.95")

@@ -346,23 +346,23 @@ def test_scripted_baselines(monkeypatch, tmp_path, capsys):
     assert "loss_rate" in capsys.readouterr().out
 
 
-def test_several_opponents_and_certify_in_one_run(monkeypatch, tmp_path):
-    """--setting optimal random --certify: one model load, each task in its own subdirectory, the same numbers
+def test_several_opponents_and_exploit_in_one_run(monkeypatch, tmp_path):
+    """--setting optimal random --exploit: one model load, each task in its own subdirectory, the same numbers
     as the separate runs."""
-    _eval_main(monkeypatch, ["--model", "random", "--setting", "optimal", "random", "--certify", "-n", "30", "--out", str(tmp_path / "all")])
+    _eval_main(monkeypatch, ["--model", "random", "--setting", "optimal", "random", "--exploit", "-n", "30", "--out", str(tmp_path / "all")])
     for task in ("optimal", "random"):
         _eval_main(monkeypatch, ["--model", "random", "--setting", task, "-n", "30", "--out", str(tmp_path / task)])
-    _eval_main(monkeypatch, ["--model", "random", "--certify", "--out", str(tmp_path / "certify")])
+    _eval_main(monkeypatch, ["--model", "random", "--exploit", "--out", str(tmp_path / "exploit")])
     drop = lambda s: {k: v for k, v in s.items() if k not in ("wall_s", "episodes_per_s", "gen_tokens_per_s")}
-    for task in ("optimal", "random", "certify"):
+    for task in ("optimal", "random", "exploit"):
         got = json.loads((tmp_path / "all" / task / "summary.json").read_text())
         assert drop(got) == drop(json.loads((tmp_path / task / "summary.json").read_text()))
     assert json.loads((tmp_path / "all" / "optimal" / "summary.json").read_text())["loss_rate"] > 0.3
-    assert json.loads((tmp_path / "all" / "certify" / "summary.json").read_text())["lines_lost"] > 100
+    assert json.loads((tmp_path / "all" / "exploit" / "summary.json").read_text())["lines_lost"] > 100
 
 
 def test_certificate(monkeypatch, tmp_path, capsys):
-    _eval_main(monkeypatch, ["--model", "minimax", "--certify", "--out", str(tmp_path / "mm")])
+    _eval_main(monkeypatch, ["--model", "minimax", "--exploit", "--out", str(tmp_path / "mm")])
     mm = json.loads((tmp_path / "mm" / "summary.json").read_text())
     assert mm["lines"] > 100 and mm["lines_lost"] == 0 and mm["mistakes"] == 0 and mm["optimal_move_rate"] == 1.0
     assert mm["lines_won"] + mm["lines_drawn"] == mm["lines"]
@@ -409,7 +409,7 @@ def test_certificate(monkeypatch, tmp_path, capsys):
     lost = read_jsonl(tmp_path / "rnd" / "lost_lines.jsonl")
     assert len(lost) == rnd["lines_lost"] and all(r["metrics"]["loss"] == 1.0 for r in lost)
     with pytest.raises(SystemExit, match="--temp 0"):
-        _eval_main(monkeypatch, ["--model", "minimax", "--certify", "--temp", "1.0"])
+        _eval_main(monkeypatch, ["--model", "minimax", "--exploit", "--temp", "1.0"])
 
 
 def test_eval_cli_bad_env_args_is_a_clear_error(monkeypatch):
@@ -479,7 +479,7 @@ def test_report_curves_put_the_stages_on_one_step_axis(tmp_path):
         os.makedirs(tmp_path / name)
         with open(tmp_path / name / "metrics.jsonl", "w") as f:
             for s in steps:
-                f.write(json.dumps({"step": s, "reward": float(s), "certify_lines_lost": 10 - s}) + "\n")
+                f.write(json.dumps({"step": s, "reward": float(s), "exploit_lines_lost": 10 - s}) + "\n")
     stages = [(d, str(tmp_path / d / "metrics.jsonl")) for d in ("rl_puzzles", "rl", "rl_polish")]
     rows, starts = eval_mod.stages_on_one_axis(stages)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 3, 8, 13]

@@ -8,7 +8,7 @@ dropped normaliser, the trainer at temperature 1, ...) and watching it fail."""
 import json
 import os
 import sys
-from types import SimpleNamespace
+import tempfile
 
 import pytest
 import torch
@@ -110,10 +110,21 @@ def hand_batch():
     return records, T([1.0, -0.5, 2.0, 0.0])
 
 
-def make_args(**kw):
-    base = dict(loss="cispo", loss_agg="token", eps_low=None, eps_high=0.2, beta=0.0, ppo_epochs=1, minibatch=0,
-                token_budget=1 << 20, temp=0.8)
-    return SimpleNamespace(**{**base, **kw})
+# update()'s settings in these tests, as a command line gives them; --eps_low is left unset (None:
+# no lower clip for cispo, 0.2 for grpo) unless a test sets it
+UPDATE_FLAGS = {"--loss": "cispo", "--loss_agg": "token", "--eps_high": "0.2", "--beta": "0.0",
+                "--ppo_epochs": "1", "--minibatch": "0", "--token_budget": str(1 << 20),
+                "--temp": "0.8"}
+
+
+def rl_args(*argv):
+    """update()'s args from rl.py's own parser: UPDATE_FLAGS, then ARGV (flag, value, ...) over
+    them. A flag added to rl.py then comes with its default, as in a real run, and a value rl.py
+    refuses stops the test. --out is the temporary directory: rl.py's writability probe then goes
+    there, not into the repository's out/."""
+    flags = {**UPDATE_FLAGS, **dict(zip(argv[::2], argv[1::2]))}
+    return rl.parse_args([*(x for flag_value in flags.items() for x in flag_value),
+                          "--out", tempfile.gettempdir()])
 
 
 @pytest.fixture
@@ -189,7 +200,7 @@ def fresh(tiny_model_dir):
 def test_update_gradient_equals_hand_computation(tiny_model_dir, torch_single_thread, unclipped, loss, loss_agg, weights, token_budget):
     model = fresh(tiny_model_dir)
     records, adv = hand_batch()
-    args = make_args(loss=loss, loss_agg=loss_agg, token_budget=token_budget)
+    args = rl_args("--loss", loss, "--loss_agg", loss_agg, "--token_budget", str(token_budget))
     opt = Recorder(model.parameters(), lr=0.0)
     stats = update(model, records, adv, args, opt, NO_AMP)
     assert len(opt.grads) == 1 and stats["skipped"] == 0
@@ -204,7 +215,8 @@ def test_update_minibatches_and_ppo_epochs(tiny_model_dir, torch_single_thread, 
     logprobs from BEFORE the first step and the whole batch's token weights."""
     model = fresh(tiny_model_dir)
     records, adv = hand_batch()
-    args = make_args(loss=loss, minibatch=2, ppo_epochs=2, eps_low=eps_low)
+    args = rl_args("--loss", loss, "--minibatch", "2", "--ppo_epochs", "2",
+                   *(["--eps_low", str(eps_low)] if eps_low is not None else []))
     with torch.no_grad():
         old = [episode_logp(model, rec, args.temp) for rec in records]
     opt = Recorder(model.parameters(), lr=0.1)  # steps large enough that ratios leave [0.8, 1.2]
@@ -227,7 +239,7 @@ def test_update_kl_to_the_reference_model(tiny_model_dir, torch_single_thread, u
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     records, _ = hand_batch()
     adv = torch.zeros(4)  # no reward signal at all: the KL term alone moves the model, on every episode
-    args = make_args(beta=0.1)
+    args = rl_args("--beta", "0.1")
     opt = Recorder(model.parameters(), lr=0.0)
     update(model, records, adv, args, opt, NO_AMP, ref_model)
     assert_same_grads(opt.grads[0], reference_grads(model, records, adv, [1 / 14] * 4, range(4), args, ref_model=ref_model))
@@ -245,9 +257,11 @@ def test_trainer_logprobs_match_sampler_at_temperature(sharp_model_dir, short_en
     policy = HFPolicy(model, tok, short_env.system_prompt, temp=temp, max_new_tokens=12)
     records = rollout(short_env, short_env.examples(3, seed=2), policy, group=2, progress=False)
     adv = group_advantages([r["reward"] for r in records], 2) + 0.1  # every episode enters the update
-    stats = update(model, records, adv, make_args(temp=temp), Recorder(model.parameters(), lr=0.0), NO_AMP)
+    stats = update(model, records, adv, rl_args("--temp", str(temp)),
+                   Recorder(model.parameters(), lr=0.0), NO_AMP)
     assert stats["logp_mismatch"] < 1e-4, stats
-    untempered = update(model, records, adv, make_args(temp=1.0), Recorder(model.parameters(), lr=0.0), NO_AMP)
+    untempered = update(model, records, adv, rl_args("--temp", "1.0"),
+                        Recorder(model.parameters(), lr=0.0), NO_AMP)
     assert untempered["logp_mismatch"] > 0.05, untempered  # the check above can see a wrong temperature
 
 

@@ -264,14 +264,14 @@ def test_rl_exploit_certifies_and_resumes_exactly(tiny_model_dir, tmp_path):
     extra = ["--env", "tictactoe", "--env_args", '{"max_turns": 3}', "--exploit", "3"]
     run_rl(tiny_model_dir, a, 4, extra, env_dir=str(tmp_path))
     rows = [json.loads(line) for line in open(os.path.join(a, "metrics.jsonl"))]
-    cert = [r for r in rows if "certify_lines_lost" in r]
-    assert [r["step"] for r in cert] == [0, 3, 4] and all(r["certify_mistakes"] > 0 for r in cert)  # 4: the end
+    cert = [r for r in rows if "exploit_lines_lost" in r]
+    assert [r["step"] for r in cert] == [0, 3, 4] and all(r["exploit_mistakes"] > 0 for r in cert)  # 4: the end
     state = torch.load(os.path.join(a, "trainer_state.pt"), weights_only=True)
     assert state["exploit_lines"]
     # DIR_best: the weights of the best certificate (fewest lost lines, then mistakes, the latest on a tie)
-    best = min(cert, key=lambda r: (r["certify_lines_lost"], r["certify_mistakes"], -r["step"]))
-    saved = json.loads(open(a + "_best/certificate.json").read())
-    assert saved["step"] == best["step"] == state["exploit_best"]["step"] and saved["lines_lost"] == best["certify_lines_lost"]
+    best = min(cert, key=lambda r: (r["exploit_lines_lost"], r["exploit_mistakes"], -r["step"]))
+    saved = json.loads(open(a + "_best/exploit.json").read())
+    assert saved["step"] == best["step"] == state["exploit_best"]["step"] and saved["lines_lost"] == best["exploit_lines_lost"]
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(a + "_best") is not None
     run_rl(tiny_model_dir, b, 2, extra, env_dir=str(tmp_path))
@@ -287,7 +287,7 @@ def test_a_finished_exploit_run_extended_logs_its_last_certificate_once(tiny_mod
     run_rl(tiny_model_dir, a, 3, extra, env_dir=str(tmp_path))
     run_rl(tiny_model_dir, b, 2, extra, env_dir=str(tmp_path))
     run_rl(tiny_model_dir, b, 3, extra + ["--resume"], env_dir=str(tmp_path))
-    certified = lambda out: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "certify_lines" in line]
+    certified = lambda out: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "exploit_lines" in line]
     assert certified(a) == certified(b) == [0, 2, 3]
     assert train_lines(b) == train_lines(a)
 
@@ -308,11 +308,11 @@ def test_exploit_stop_ends_the_run_at_a_certificate_without_mistakes(tiny_model_
     said = run_rl(tiny_model_dir, out, 4, extra, env_dir=str(tmp_path))
     assert "exploit_stop: the verdict at step 2 finds nothing to replay: stopping" in said
     assert [r["step"] for r in train_lines(out)] == [1, 2]
-    certified = lambda: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "certify_lines" in line]
+    certified = lambda: [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl")) if "exploit_lines" in line]
     assert certified() == [0, 1, 2]
     state = torch.load(os.path.join(out, "trainer_state.pt"), weights_only=True)
     assert state["step"] == 2 and state["exploit_lines"] == [] and state["exploit_best"]["step"] == 2
-    assert json.load(open(out + "_best/certificate.json"))["step"] == 2
+    assert json.load(open(out + "_best/exploit.json"))["step"] == 2
     rows = open(os.path.join(out, "metrics.jsonl")).read()
     said = run_rl(tiny_model_dir, out, 4, extra + ["--resume"], env_dir=str(tmp_path))
     assert "holds the final checkpoint (step 2, --steps 4): nothing to do" in said
@@ -370,7 +370,7 @@ def test_resume_after_a_crash_past_a_certificate_logs_it_once(tiny_model_dir, tm
         run_main("rl", ["--model", tiny_model_dir, "--batch", "8", "--group", "4", "--steps", "3", "--max_new_tokens", "6",
                         "--eval_every", "0", "--eval_n", "2", "--save_every", "2", "--out", b, "--device", "cpu", *extra])
     run_rl(tiny_model_dir, b, 3, extra + ["--resume"], env_dir=str(tmp_path))
-    kinds = lambda out: [(json.loads(line)["step"], "certify_lines" in line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    kinds = lambda out: [(json.loads(line)["step"], "exploit_lines" in line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert kinds(b) == kinds(a)
     assert [step for step, certificate in kinds(a) if certificate] == [0, 2, 3]
 
@@ -582,4 +582,6 @@ def test_a_run_that_trained_nothing_says_so(tiny_model_dir, tmp_path):
                               "--max_new_tokens", "4", "--eval_every", "0", "--eval_n", "1", "--device", "cpu",
                               "--out", str(tmp_path / "flat")])
     assert printed.count("zero_adv 1 |") == 2
+    assert printed.count("has no gradient") == 1  # the first such step says so, once
+    assert "note: step 1 has no gradient: every group's episodes had equal rewards" in printed
     assert "warning: in all 2 steps every group's episodes had equal rewards" in printed

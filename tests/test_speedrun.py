@@ -76,7 +76,7 @@ def test_quick_speedrun(speedruns, teacher):
     for stage in ("rl_puzzles", "rl", "rl_polish", "rl_wins"):
         assert (f"{out}/{stage}/metrics.jsonl" in curves_line) == os.path.exists(os.path.join(out, stage, "metrics.jsonl"))
     keep = "format=1,loss=0" if teacher == "minimax" else "all"  # the report's commands are the ones the run ran
-    assert "--certify -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
+    assert "--exploit -n 4 --temp 0 --max_new_tokens 24 --env_args" in report
     assert f" --teacher {teacher} " in report and f" --keep {keep} --seed 0 " in report
     # every stage's command on the recipe's environment: the game (speedrun.sh), or tictactoe_lab, the game with the
     # research options (speedrun_random_teacher.sh); the report names it where it is not the default
@@ -123,14 +123,14 @@ def test_quick_speedrun(speedruns, teacher):
         wins = json.load(open(os.path.join(out, "rl_wins", "rl_args.json")))
         assert wins["model"] == os.path.join(out, "rl_polish_best") and wins["exploit"] == 5 and wins["steps"] == 2
         assert json.loads(wins["env_args"]) == {**json.loads(polish["env_args"]), "puzzle_kind": ["threat", "win", "opening"]}
-        best = json.load(open(os.path.join(out, "rl_wins_best", "certificate.json")))
+        best = json.load(open(os.path.join(out, "rl_wins_best", "exploit.json")))
         assert results["rl_step"] == best["step"] in (0, 2) and results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
         assert json.load(open(os.path.join(out, "eval", "rl", "optimal", "args.json")))["model"] == os.path.join(out, "rl_wins_best")
         assert f"python rl.py --model {out}/rl " in report and f"--out {out}/rl_polish" in report
         assert f"python rl.py --model {out}/rl_polish_best " in report and f"--out {out}/rl_wins" in report
         return
     # the RL model evaluated is the exploiter's best certificate (2 RL steps, --exploit 5: certificates at steps 0 and 2)
-    best = json.load(open(os.path.join(out, "rl_best", "certificate.json")))
+    best = json.load(open(os.path.join(out, "rl_best", "exploit.json")))
     assert results["rl_step"] == best["step"] in (0, 2)
     assert results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
     # a resumed run's report (speedrun.sh RESUME=1 passes --resumed) says its times leave out the earlier invocations

@@ -23,9 +23,9 @@ def test_recorded_arguments_give_the_same_arguments_back():
     assert recorded["report_to"] == "none" and recorded["resume"] is True
     again = vars(rl.parse_args(stage_times.argv_of(recorded, steps=5)))
     assert again == {**recorded, "steps": 5, "resume": False}
-    # eval.py's one-letter flag, its list of settings and its --certify
-    assert stage_times.argv_of({"n": 200, "setting": ["optimal", "random"], "certify": True, "report": None}) == \
-        ["-n", "200", "--setting", "optimal", "random", "--certify"]
+    # eval.py's one-letter flag, its list of settings and its --exploit
+    assert stage_times.argv_of({"n": 200, "setting": ["optimal", "random"], "exploit": True, "report": None}) == \
+        ["-n", "200", "--setting", "optimal", "random", "--exploit"]
 
 
 def test_rl_stages_are_found_in_the_order_they_ran(tmp_path):
@@ -43,10 +43,10 @@ def test_a_stage_is_projected_from_its_time_on_the_same_steps():
     rest of the recorded stage, and the certificates by their own ratio; its time outside steps and certificates
     is added as measured."""
     recorded = [{"step": s, "step_time": 10.0 + s} for s in range(20)]  # the steps grow as the stage goes on
-    recorded += [{"step": s, "certify_s": 30.0} for s in (0, 5, 10, 15, 20)]
+    recorded += [{"step": s, "exploit_s": 30.0} for s in (0, 5, 10, 15, 20)]
     probe = [{"step": 0, "step_time": 60.0}] + [{"step": s, "step_time": 0.5 * (10.0 + s)} for s in range(1, 5)]
-    probe += [{"step": s, "certify_s": 3.0} for s in (0, 5)]
-    wall = 7.0 + sum(r.get("step_time", 0) + r.get("certify_s", 0) for r in probe)
+    probe += [{"step": s, "exploit_s": 3.0} for s in (0, 5)]
+    wall = 7.0 + sum(r.get("step_time", 0) + r.get("exploit_s", 0) for r in probe)
     projected, recorded_s, ratio = stage_times.project(recorded, probe, wall)
     assert ratio == pytest.approx(0.5)
     rest = sum(10.0 + s for s in range(1, 20))
