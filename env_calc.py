@@ -166,7 +166,8 @@ class Calc:
 
     def metrics(self, state):
         return {"correct": float(state["answer"] == state["target"]), "used_tool": float(state["tool_calls"] > 0),
-                "n_tool_calls": state["tool_calls"], "format": state["well_formed"] / max(state["turns"], 1)}
+                "n_tool_calls": state["tool_calls"], "format": state["well_formed"] / max(state["turns"], 1),
+                "cut_off": float(state["answer"] is None)}  # no answer within max_turns
 
     scripted_players = ("oracle", "guess")
 

@@ -334,6 +334,7 @@ class TextArena:
 
     def metrics(self, state):
         return {"win": float(state["solved"]), "finished": float(state["finished"]),
+                "cut_off": float(not state["finished"]),  # ended at max_turns, not by the game
                 "n_invalid": state["invalid"], "n_turns": state["turns"],
                 "format": state["well_formed"] / max(state["turns"], 1)}
 

@@ -17,6 +17,8 @@ HFPolicy._sample: inverse-CDF with one uniform number per token from a generator
 rollout, turn), so an episode's tokens do not depend on the engine, on --gen_batch or on the number of ranks.
 """
 
+from typing import Any, TypedDict
+
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -311,7 +313,27 @@ class GenerateEngine:
 # ----------------------------------------------------------------------------- the rollout loop
 
 
-def new_episode(env, example, index=0, rollout=0):
+class Episode(TypedDict, total=False):
+    """An episode as the rollout loop plays it (new_episode), and as its record when it is over
+    (finish: without state, force and kv; with rewards, reward and metrics). The one declaration of
+    its keys: policies, engines, environments' hooks and the trainers read these."""
+    example: dict  # the environment's example row; its "seed" is the episode's
+    index: int  # the episode's number in the run: its draws are keyed by (seed, index, rollout, turn)
+    rollout: int  # which of its example's rollouts
+    state: Any  # the environment's own state (reset, step)
+    messages: list  # the conversation so far: {"role", "content"} dicts, the system prompt first
+    ids: list  # HF policies: every token id of the trajectory, as sampled (ChatTokens)
+    mask: list  # 1 on the model's tokens (sampled or forced): the loss tokens, 0 elsewhere
+    logprobs: list  # the sampler's logprob of each token, 0.0 where mask is 0
+    truncated: int  # the replies cut off at max_new_tokens
+    force: Any  # this turn's reply the environment plays in the policy's place (None: none)
+    kv: Any  # the fast engine's KV-cache row, freed when the episode ends
+    rewards: dict  # the record: the environment's named reward components,
+    reward: float  # their weighted sum (total_reward),
+    metrics: dict  # and its per-episode metrics
+
+
+def new_episode(env, example, index=0, rollout=0) -> Episode:
     state, first = env.reset(example)
     return {"example": example, "index": index, "rollout": rollout, "state": state,
             "messages": [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": first}]}
@@ -329,7 +351,7 @@ def advance(env, ep, reply):
     return msg is None
 
 
-def finish(env, ep):
+def finish(env, ep) -> Episode:
     """The JSON-able rollout record of a finished episode."""
     rewards = env.rewards(ep["state"])
     ep.pop("kv", None)  # the policy's KV cache of this episode: free it now, not when the batch ends

@@ -87,7 +87,7 @@ def test_one_call_then_the_answer():
     state, said = play(env, ex, [call("123 * 45"), "<answer>5535</answer>"])
     assert said == [{"role": "tool", "content": "5535"}, None] and state["done"]
     assert env.rewards(state) == {"correct": 1.0, "format": 1.0, "tool_calls": 1.0}
-    assert env.metrics(state) == {"correct": 1.0, "used_tool": 1.0, "n_tool_calls": 1, "format": 1.0}
+    assert env.metrics(state) == {"correct": 1.0, "used_tool": 1.0, "n_tool_calls": 1, "format": 1.0, "cut_off": 0.0}
 
 
 def test_bad_replies_waste_turns_and_run_out():
@@ -111,7 +111,7 @@ def test_without_tools_a_call_is_refused_and_the_prompt_has_no_tool():
 def test_oracle_uses_the_tool_once_and_is_always_right_and_guessing_is_not():
     env = calc.load_environment()
     oracle = rollout(env, env.examples(200, seed=3), ScriptedPolicy(env, "oracle"), progress=False)
-    assert all(r["metrics"] == {"correct": 1.0, "used_tool": 1.0, "n_tool_calls": 1, "format": 1.0} for r in oracle)
+    assert all(r["metrics"] == {"correct": 1.0, "used_tool": 1.0, "n_tool_calls": 1, "format": 1.0, "cut_off": 0.0} for r in oracle)
     assert all(r["messages"][3]["role"] == "tool" for r in oracle)
     guess = rollout(env, env.examples(200, seed=3), ScriptedPolicy(env, "guess"), progress=False)
     assert sum(r["metrics"]["correct"] for r in guess) <= 10 and all(r["metrics"]["format"] == 1.0 for r in guess)
@@ -234,7 +234,7 @@ def test_tool_using_trajectory_is_token_exact(qwen3_tool_model, monkeypatch):
     force_replies(monkeypatch, policy, oracle_from_text)
     for rec in rollout(env, env.examples(2, seed=0), policy, progress=False):
         assert [m["role"] for m in rec["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
-        assert rec["metrics"] == {"correct": 1.0, "used_tool": 1.0, "n_tool_calls": 1, "format": 1.0}
+        assert rec["metrics"] == {"correct": 1.0, "used_tool": 1.0, "n_tool_calls": 1, "format": 1.0, "cut_off": 0.0}
         check_layout(rec, policy.chat, tok, 160)
         assert policy.chat.encode_conversation(rec["messages"]) == (rec["ids"], rec["mask"])
         assert f"<tool_response>\n{rec['example']['answer']}\n</tool_response>" in tok.decode(rec["ids"])

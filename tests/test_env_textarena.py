@@ -66,7 +66,7 @@ def test_the_first_message_is_the_games_own_prompt_and_later_ones_only_whats_new
     assert message in ("[GAME] The target number is higher.", "[GAME] The target number is lower.")  # no echo, no history
     assert env.step(state, f"<think>so</think> [{target}]") is None
     assert env.rewards(state) == {"game": 1.0, "format": 1.0}
-    assert env.metrics(state) == {"win": 1.0, "finished": 1.0, "n_invalid": 0, "n_turns": 2, "format": 1.0}
+    assert env.metrics(state) == {"win": 1.0, "finished": 1.0, "cut_off": 0.0, "n_invalid": 0, "n_turns": 2, "format": 1.0}
     assert env.step(state, "[3]") is None and state["turns"] == 2  # after the end: nothing changes
     assert "Congratulations" in env.describe(state)
 

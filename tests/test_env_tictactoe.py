@@ -772,7 +772,7 @@ def test_unknown_argument_raises_naming_it():
 
 def test_a_research_option_is_refused_naming_the_lab():
     """The research options are tictactoe_lab's (env_tictactoe_lab.py): the game refuses each, saying where it is, in
-    one line from --env_args too; its scripted players are random and minimax, the rules teachers the lab's."""
+    one line from --env_args too; its scripted players are minimax and random, the rules teachers the lab's."""
     import common
     import env_tictactoe_lab as lab
     own = [name for name in inspect.signature(lab.load_environment).parameters if name not in inspect.signature(ttt.load_environment).parameters]
@@ -785,8 +785,8 @@ def test_a_research_option_is_refused_naming_the_lab():
     said = str(e.value)
     assert said.startswith("bad --env_args for tictactoe: puzzles is an option of tictactoe_lab (env_tictactoe_lab.py): "
                            "--env tictactoe_lab; it accepts ['min_random_move_prob', ") and "\n" not in said
-    assert list(inspect.signature(ttt.load_environment).parameters)[-1] == "opponent"  # the game's options, named
-    with pytest.raises(ValueError, match="unknown scripted player 'rules': use 'random', 'minimax'"):
+    assert list(inspect.signature(ttt.load_environment).parameters)[-1] == "player_random_prob"  # the game's, named
+    with pytest.raises(ValueError, match="unknown scripted player 'rules': use 'minimax', 'random'"):
         ttt.load_environment().scripted_player("rules")
 
 

@@ -466,7 +466,7 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, error, says):
 
 
 def test_unknown_scripted_player():
-    with pytest.raises(ValueError, match="unknown scripted player 'perfect': use 'random', 'minimax', 'rules', 'rules_wins', 'rules_then'"):
+    with pytest.raises(ValueError, match="unknown scripted player 'perfect': use 'minimax', 'random', 'rules', 'rules_wins', 'rules_then'"):
         lab.load_environment().scripted_player("perfect")
 
 
