@@ -1,9 +1,6 @@
-"""
-Plumbing shared by the scripts: loading environments and models, broadcasting a KV cache,
-token logprobs for training, the run's flags, learning-rate schedule, checkpoints with exact resume, and log lines.
-
-Nothing here is RL or SFT: sample.py (rollouts), sft.py and rl.py (the algorithms) and eval.py import it.
-"""
+"""Plumbing shared by sample.py, sft.py, rl.py and eval.py, none of it RL or SFT: loading
+environments and models, broadcasting a KV cache, token logprobs for training, the run's flags,
+learning-rate schedule, checkpoints with exact resume, and log lines."""
 import contextlib
 import errno
 import hashlib
@@ -41,16 +38,18 @@ def parse_env_args(env_args):
 
 
 def load_env(name, env_args=None, defaults=None):
-    """Import env_NAME.py and call its load_environment(**env_args); env_args may be a JSON string. `defaults` are
-    keyword arguments passed where load_environment takes them and env_args does not set them."""
+    """Import env_NAME.py and call its load_environment(**env_args); env_args may be a JSON string.
+    `defaults` are passed where load_environment takes them and env_args does not set them."""
     env_args = parse_env_args(env_args)
     try:
         module = importlib.import_module(f"env_{name}")
     except ModuleNotFoundError as e:
         if e.name != f"env_{name}":
             raise SystemExit(f"env_{name}.py imports {e.name!r}, which is not installed ({e})")
-        found = sorted(f[4:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__))) if f.startswith("env_") and f.endswith(".py"))
-        raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() (found: {', '.join(found)})")
+        here = os.path.dirname(os.path.abspath(__file__))
+        found = sorted(f[4:-3] for f in os.listdir(here) if f.startswith("env_") and f.endswith(".py"))
+        raise SystemExit(f"no environment {name!r}: write env_{name}.py with a load_environment() "
+                         f"(found: {', '.join(found)})")
     except Exception as e:  # a syntax error, or an error raised while the file runs
         raise SystemExit(f"env_{name}.py failed to import: {type(e).__name__}: {e}")
     if not callable(getattr(module, "load_environment", None)):
@@ -66,8 +65,7 @@ def load_env(name, env_args=None, defaults=None):
 
 
 def eval_settings(name):
-    """{setting: env_args} of the standard evaluations, from env_NAME.py's EVAL_SETTINGS (each
-    setting's overrides of --env_args); one setting, "default", as env_args give it, where it names none."""
+    """{setting: overrides of --env_args} of the standard evaluations, from env_NAME.py."""
     return getattr(importlib.import_module(f"env_{name}"), "EVAL_SETTINGS", {"default": {}})
 
 
@@ -82,49 +80,50 @@ def weights_dtype(device, train=False):
     return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
 
 
-LOCAL_PREFIXES = ("out/", "./", "../", "/", "~")  # paths that name a local directory, never a hub id
+LOCAL_PREFIXES = ("out/", "./", "../", "/", "~")  # paths naming a local directory, never a hub id
 
 
 def load_model(path, device="auto", train=False):
-    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA. Weights: bf16 on a GPU for sampling, fp32
-    on CPU and where the model is trained (train=True; its forward under bf16 autocast): an AdamW update at RL's
-    learning rates is smaller than bf16's rounding step for most weights and would be lost."""
+    """(model, tokenizer) from a hub id or a save_pretrained directory, SDPA; bf16 on a GPU for
+    sampling, else fp32 (train=True: bf16 autocast), as bf16 would round RL's AdamW updates away."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()  # our own progress is what matters; weight-loading bars are noise
+    hf_logging.disable_progress_bar()  # our own progress is what matters, not weight-loading bars
     device = pick_device(device)
-    if path.startswith(LOCAL_PREFIXES) and not os.path.isdir(path):  # not a hub id: fail now, not after the hub's retries
-        made_by = "`python sft.py` (its --out, out/sft by default)" if os.path.normpath(path) == os.path.normpath("out/sft") \
-            else "the script whose --out it is (`bash speedrun.sh` writes out/speedrun/...)"
-        raise SystemExit(f"could not load model {path!r}: there is no such directory. Make it with {made_by}, or pass "
-                         "--model a hub id or a save_pretrained directory")
+    if path.startswith(LOCAL_PREFIXES) and not os.path.isdir(path):  # fail now, not after retries
+        made_by = ("`python sft.py` (its --out, out/sft by default)"
+                   if os.path.normpath(path) == os.path.normpath("out/sft")
+                   else "the script whose --out it is (`bash speedrun.sh` writes out/speedrun/...)")
+        raise SystemExit(f"could not load model {path!r}: there is no such directory. Make it with "
+                         f"{made_by}, or pass --model a hub id or a save_pretrained directory")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=weights_dtype(device, train), attn_implementation="sdpa")
     except Exception as e:  # not found, not a model, or a corrupt weights file
-        hint = ("it is not a local directory and could not be fetched from the hub (no network?). Pass a directory "
-                "saved with save_pretrained (e.g. out/sft), or build one offline with `python sft.py --model scratch`"
-                if not os.path.isdir(path) else "the directory is not a complete, readable save_pretrained model")
-        raise SystemExit(f"could not load model {path!r}: {hint}.\n  ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
+        hint = ("it is not a local directory and could not be fetched from the hub (no network?). "
+                "Pass a directory saved with save_pretrained (e.g. out/sft), or build one offline "
+                "with `python sft.py --model scratch`" if not os.path.isdir(path)
+                else "the directory is not a complete, readable save_pretrained model")
+        raise SystemExit(f"could not load model {path!r}: {hint}.\n  "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:300]})")
     if not tokenizer.chat_template:
-        raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set tokenizer.chat_template "
-                         "and save it (sft.py --model scratch writes one)")
+        raise SystemExit(f"{path!r} has no chat template: use an instruct/chat model, or set "
+                         "tokenizer.chat_template and save it (sft.py --model scratch writes one)")
     return on_device(model, device), tokenizer
 
 
 def on_device(model, device):
     """The model on `device`, in eval mode, with the attention settings the rollouts need there."""
     if device.startswith("cuda"):
-        # cuDNN's attention builds a new plan for every new shape, ~11 ms of CPU each (measured on an H100): in a
-        # rollout the keys grow by one every token, so it took over 80% of the time, the GPU idle. Flash and
-        # memory-efficient attention don't.
+        # cuDNN's attention plans anew, on the CPU, for each new shape: a rollout's keys grow by one
+        # every token, so planning left the GPU idle. Flash and memory-efficient attention don't.
         torch.backends.cuda.enable_cudnn_sdp(False)
     return model.to(device).eval()
 
 
 def train_autocast(device):
-    """The forward's autocast while training: bf16 on a GPU (the weights stay fp32, load_model(train=True)), off on CPU."""
+    """The training forward's autocast: bf16 on a GPU (fp32 weights: load_model), off on CPU."""
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
@@ -134,8 +133,8 @@ def train_autocast(device):
 
 
 def cache_kwarg(module):
-    """The name under which a transformers model's forward takes its KV cache: `cache` in recent transformers (5.24
-    warns at the old name, which 5.40 drops), `past_key_values` in older ones (5.17)."""
+    """The name under which a transformers model's forward takes its KV cache: `cache` in recent
+    transformers (5.24 warns at the old name, which 5.40 drops), `past_key_values` before (5.17)."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
@@ -145,15 +144,15 @@ def returned_cache(output):
 
 
 def plain_cache_layers(cache):
-    """[(keys (B, H, T, D), values)] per layer when every layer of `cache` is plain full attention, so that its
-    rows can be broadcast into a new DynamicCache; else None (sliding windows and recurrent layers cannot be)."""
+    """[(keys (B, H, T, D), values)] per layer when all of `cache` is plain full attention, so its
+    rows can be broadcast into a new DynamicCache; else None (sliding windows, recurrent layers)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
     if isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers):
         return [(l.keys, l.values) for l in cache.layers]
     return None
 
 
-# ----------------------------------------------------------------------------- token logprobs (the training forward)
+# ----------------------------------------------------------------------------- token logprobs
 
 
 def pad_batch(seqs, pad_id, device):
@@ -161,7 +160,8 @@ def pad_batch(seqs, pad_id, device):
     width = max(len(s) for s in seqs[0])
     out = []
     for rows, fill in zip(seqs, (pad_id,) + (0,) * (len(seqs) - 1)):
-        t = torch.full((len(rows), width), fill, dtype=torch.long if isinstance(rows[0][0], int) else torch.float)
+        dtype = torch.long if isinstance(rows[0][0], int) else torch.float
+        t = torch.full((len(rows), width), fill, dtype=dtype)
         for b, r in enumerate(rows):
             t[b, :len(r)] = torch.tensor(r, dtype=t.dtype)
         out.append(t.to(device))
@@ -169,7 +169,7 @@ def pad_batch(seqs, pad_id, device):
 
 
 def token_microbatches(lengths, budget):
-    """Group sequence indices into micro-batches of at most `budget` padded tokens (one long sequence alone)."""
+    """Sequence indices in micro-batches of at most `budget` padded tokens (a long one alone)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches, cur = [], []
     for i in order:
@@ -181,14 +181,13 @@ def token_microbatches(lengths, budget):
 
 
 def decoder_hidden(model, ids):
-    """Last hidden states (B, T, H) of right-padded rows (no attention mask needed: padding comes last). The rows'
-    common prefix (system prompt, chat header, often the first user turn) runs once, its keys/values broadcast to
-    every row as the cache the rest attends to: the full forward's result, (B-1)/B of the prefix's cost saved. The full
-    forward where the cache cannot be broadcast (sliding windows, recurrent layers) or is off (checkpointing)."""
+    """Last hidden states (B, T, H) of right-padded rows (no mask needed). The rows' common prefix
+    runs once, its keys/values broadcast to every row as the cache the rest attends to; a full
+    forward where that cannot be (sliding windows, recurrent layers) or checkpointing is on."""
     from transformers import DynamicCache
     decoder = model.get_decoder()
     B, T = ids.shape
-    prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # common prefix length
+    prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # shared by all
     if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
         return decoder(input_ids=ids).last_hidden_state
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
@@ -197,12 +196,12 @@ def decoder_hidden(model, ids):
         return decoder(input_ids=ids).last_hidden_state
     # (1, heads, prefix, D) -> (B, heads, prefix, D), views: the backward sums over rows
     cache = DynamicCache([(K.expand(B, -1, -1, -1), V.expand(B, -1, -1, -1)) for K, V in kv])
-    rest = decoder(input_ids=ids[:, prefix:], **{cache_kwarg(decoder): cache}).last_hidden_state  # (B, T-prefix, H)
-    return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)
+    rest = decoder(input_ids=ids[:, prefix:], **{cache_kwarg(decoder): cache}).last_hidden_state
+    return torch.cat([head.last_hidden_state.expand(B, -1, -1), rest], 1)  # rest: (B, T-prefix, H)
 
 
 def head_logprobs(head, h, targets, temp):
-    """(logprobs of `targets`, entropies) of one chunk of hidden states h (n, H) under softmax(head(h) / temp)."""
+    """(logprobs of `targets`, entropies) of hidden states h (n, H) under softmax(head(h)/temp)."""
     logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
@@ -210,8 +209,8 @@ def head_logprobs(head, h, targets, temp):
 
 
 def token_logprobs(model, ids, mask, temp, chunk=2048):
-    """Logprobs and entropies of the tokens at mask == 1, under softmax(logits / temp); ids, mask: (B, T). Only the positions that predict a loss token go through the LM head, in chunks, each
-    under activation checkpointing: peak memory is (chunk, V), never (B, T, V), with a 150k vocabulary."""
+    """Logprobs and entropies of the tokens at mask == 1 under softmax(logits / temp); ids, mask:
+    (B, T). Only loss positions reach the LM head, in checkpointed chunks of (chunk, V) logits."""
     hidden = decoder_hidden(model, ids)  # (B, T, H)
     sel = mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
     h, targets = hidden[:, :-1][sel], ids[:, 1:][sel]  # (N, H), (N,)
@@ -224,7 +223,7 @@ def token_logprobs(model, ids, mask, temp, chunk=2048):
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 
-# ----------------------------------------------------------------------------- a training run: flags, schedule, checkpoints, exact resume
+# ----------------------------------------------------------------------------- training runs
 
 
 @contextlib.contextmanager
@@ -236,7 +235,7 @@ def out_of_memory_says(what_to_lower):
         raise SystemExit(f"out of GPU memory {what_to_lower}.\n  ({str(e)[:200]})") from e
 
 
-GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # --grad_ckpt auto (and compiling the update) from this many parameters, on a GPU
+GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # GPU models this big: --grad_ckpt auto on, update compiled
 GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
 
 
@@ -244,20 +243,24 @@ def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_ev
     """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=warmup, help="linear lr warm-up steps")
-    p.add_argument("--token_budget", type=int, default=token_budget, help="max padded tokens per micro-batch (gradient accumulation above it)")
-    p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
-                   help="gradient checkpointing in the transformer (less memory, slower; --grad_ckpt alone: on). auto: on "
-                   f"for a model of {GRAD_CKPT_AUTO_PARAMS // 10**6}M+ parameters on a GPU (without it a 0.6B model's update "
-                   "at --token_budget 32768 needs more than 80 GB), off otherwise")
+    p.add_argument("--token_budget", type=int, default=token_budget,
+                   help="max padded tokens per micro-batch (gradient accumulation above it)")
+    p.add_argument("--grad_ckpt", nargs="?", const="on", default="auto",
+                   choices=["auto", "on", "off"], help="gradient checkpointing in the transformer "
+                   "(less memory, slower; --grad_ckpt alone: on). auto: on for a model of "
+                   f"{GRAD_CKPT_AUTO_PARAMS // 10**6}M+ parameters on a GPU, off otherwise")
     p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
-    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's last checkpoint")
-    p.add_argument("--eval_every", type=int, default=eval_every, help="greedy game evaluation every N steps (0: only at the end)")
+    p.add_argument("--resume", action="store_true", help="continue exactly from DIR's checkpoint")
+    p.add_argument("--eval_every", type=int, default=eval_every,
+                   help="greedy game evaluation every N steps (0: only at the end)")
     p.add_argument("--eval_n", type=int, default=eval_n, help="episodes per evaluation setting")
     p.add_argument("--save_every", type=int, default=save_every, help="checkpoint every N steps")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto (under torchrun: each rank takes the GPU of its LOCAL_RANK)")
-    p.add_argument("--report_to", choices=["none", "trackio", "wandb"], default="none", help="also log every line to a "
-                   "trackio run (local, no account: `trackio show` draws it) or a wandb run; optional imports")
+    p.add_argument("--device", default="auto",
+                   help="cuda, cpu or auto (under torchrun each rank takes its LOCAL_RANK's GPU)")
+    p.add_argument("--report_to", choices=["none", "trackio", "wandb"], default="none",
+                   help="also log every line to a trackio run (local, no account: `trackio show` "
+                   "draws it) or a wandb run; optional imports")
     return p
 
 
@@ -274,8 +277,7 @@ def at_least(n):
 
 
 def can_write(path):
-    """True when directory PATH can be created or written, judged by writing a probe file into the nearest directory
-    that exists along the path (the permission bits say nothing for root or for a read-only mount)."""
+    """True when directory PATH can be created or written, by a probe file (permission bits lie)."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -290,14 +292,14 @@ def can_write(path):
 
 @contextlib.contextmanager
 def disk_full_says_what_is_kept(kept):
-    """A full disk (or one remounted read-only) in the middle of a run ends with one line saying what is kept on disk
-    and what to do, instead of a traceback."""
+    """A full or read-only disk mid-run ends with one line saying what is kept, not a traceback."""
     try:
         yield
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
-        raise SystemExit(f"could not write{' ' + str(e.filename) if e.filename else ''}: {e.strerror}. {kept}") from None
+        raise SystemExit(f"could not write{' ' + str(e.filename) if e.filename else ''}: "
+                         f"{e.strerror}. {kept}") from None
 
 
 TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must be)
@@ -308,15 +310,14 @@ TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must 
     "eval_n": (at_least(1), ">= 1"),
     "save_every": (at_least(0), ">= 0"),
     "seed": (at_least(0), ">= 0"),
-    "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and d.split(":")[-1].isdigit() or d == "cuda"),
-               "auto, cpu, cuda or cuda:N"),
+    "device": (lambda d: d in ("auto", "cpu") or (d.split(":")[0] == "cuda" and d.count(":") <= 1 and
+               d.split(":")[-1].isdigit() or d == "cuda"), "auto, cpu, cuda or cuda:N"),
     "out": (can_write, "a directory you can write"),
 }
 
 
 def check_flags(args, rules):
-    """Stop with one line naming the first flag whose value breaks its rule ({flag: (test, what it must be)}), before
-    any work or any write."""
+    """Stop, before any work, at the first flag breaking its rule ({flag: (test, must be)})."""
     for flag, (ok, must) in rules.items():
         value = getattr(args, flag)
         if not ok(value):
@@ -333,7 +334,7 @@ def lr_at(step, lr, warmup, total, schedule):
 
 
 def start_run(args):
-    """(rank, world size, device) of a run, its seeds set; under torchrun ranks other than 0 print nothing (errors do)."""
+    """(rank, world size, device), seeds set; under torchrun, ranks but 0 print only errors."""
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     rank, world, device = start_ranks(pick_device(args.device))
@@ -343,15 +344,15 @@ def start_run(args):
 
 
 def save_run(model, tokenizer, out, rank, trainer_state, extra_json):
-    """A run's checkpoint with its RNG states, saved by rank 0 once every rank checked it holds the same weights."""
+    """Checkpoint and RNG states, saved by rank 0 once all ranks checked their weights agree."""
     check_ranks_agree(model)
     if rank == 0:
         save_checkpoint(model, tokenizer, out, {**trainer_state, "rng": rng_state()}, extra_json)
 
 
 def checkpoint_to_resume(args, rank=0):
-    """True when --resume finds a checkpoint in DIR (and says so when not), a save that a crash interrupted finished
-    first (finish_save, by rank 0): the newest complete checkpoint is resumed, whatever number of ranks wrote it."""
+    """True when --resume finds a checkpoint in DIR (and says so when not), once rank 0 finished a
+    save a crash cut short (finish_save): the newest complete one, whatever ranks wrote it."""
     if args.resume and rank == 0:
         finish_save(args.out)
     if args.resume:
@@ -363,10 +364,10 @@ def checkpoint_to_resume(args, rank=0):
 
 
 def start_or_resume(args, opt, resume, rank=0):
-    """Fresh run: clear DIR/metrics.jsonl. Resume: load optimizer, step and RNG states from DIR's checkpoint and
-    drop the log lines written after it (they are redone); the trainer state, its "step" the step to start from.
-    Every rank loads the same state (the ranks' optimizers are identical); rank 0 alone touches the log."""
-    state_path, metrics_path = os.path.join(args.out, "trainer_state.pt"), os.path.join(args.out, "metrics.jsonl")
+    """Fresh run: clear DIR/metrics.jsonl. Resume: every rank loads the trainer state (optimizer,
+    step, RNG) from DIR's checkpoint; rank 0 drops the log lines after it (they are redone)."""
+    state_path = os.path.join(args.out, "trainer_state.pt")
+    metrics_path = os.path.join(args.out, "metrics.jsonl")
     if not resume:
         if os.path.exists(metrics_path) and rank == 0:
             os.remove(metrics_path)
@@ -374,12 +375,13 @@ def start_or_resume(args, opt, resume, rank=0):
     try:  # a checkpoint is data: loading it never runs code that someone pickled into it
         ts = torch.load(state_path, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise SystemExit(f"{state_path} holds more than tensors and plain data, which could run code when loaded: "
-                         f"refusing it. This project's checkpoints never do; resume from one of them, or start fresh "
-                         f"without --resume.\n  ({str(e).splitlines()[0][:200]})")
-    opt.load_state_dict(ts.pop("optimizer"))  # the trainer state returned holds no second copy of it
+        raise SystemExit(
+            f"{state_path} holds more than tensors and plain data, which could run code when "
+            f"loaded: refusing it. This project's checkpoints never do; resume from one of them, "
+            f"or start fresh without --resume.\n  ({str(e).splitlines()[0][:200]})")
+    opt.load_state_dict(ts.pop("optimizer"))  # the returned state holds no second copy of it
     set_rng_state(ts["rng"])
-    if os.path.exists(metrics_path) and rank == 0:  # keep the lines written before the checkpoint (not one cut short)
+    if os.path.exists(metrics_path) and rank == 0:  # keep whole lines from before the checkpoint
         rows = open(metrics_path).readlines()[:ts.get("log_lines")]
         rows = [line for line in rows if _step_of(line) is not None and _step_of(line) <= ts["step"]]
         with open(metrics_path + ".part", "w") as f:
@@ -390,21 +392,21 @@ def start_or_resume(args, opt, resume, rank=0):
 
 
 def samples_when_served(model):
-    """The generation config a server honouring it (transformers serve; vLLM's default) needs to sample as rl.py
-    trains: do_sample on (else it decodes greedily at every temperature), no top-k cut, temperature from each request."""
+    """The generation config for a server honouring it (transformers serve, vLLM) to sample as rl.py
+    trains: do_sample (else greedy at any temperature), no top-k, temperature per request."""
     g = model.generation_config
     g.do_sample, g.top_k, g.top_p, g.temperature = True, 0, 1.0, 1.0
 
 
 def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
-    """save_pretrained + trainer state into OUT.tmp, then swap it in (finish_save). OUT.tmp is complete once its
-    trainer_state.pt exists (written last, under a temporary name first): a crash at any moment leaves either
-    the old checkpoint or a complete new one, and --resume finishes an interrupted swap."""
+    """save_pretrained + trainer state into OUT.tmp, swapped in by finish_save; trainer_state.pt is
+    written last (atomically), so a crash leaves the old or a complete new checkpoint."""
     tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    # the log's length now: --resume drops what was logged after this checkpoint, a row of the same step included
+    # the log's length now: --resume drops what is logged after this checkpoint (its step included)
     metrics_path = os.path.join(out, "metrics.jsonl")
-    trainer_state = {**trainer_state, "log_lines": sum(1 for _ in open(metrics_path)) if os.path.exists(metrics_path) else 0}
+    log_lines = sum(1 for _ in open(metrics_path)) if os.path.exists(metrics_path) else 0
+    trainer_state = {**trainer_state, "log_lines": log_lines}
     samples_when_served(model)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
@@ -417,21 +419,22 @@ def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
 
 
 def finish_save(out):
-    """Bring OUT to the newest complete checkpoint, whatever moment a crash interrupted save_checkpoint at: a
-    complete OUT.tmp takes OUT's logs and data and replaces it (OUT -> OUT.old, OUT.tmp -> OUT, OUT.old removed);
-    an incomplete one is removed; an OUT.old left without an OUT is put back. Every step can be redone."""
+    """Bring OUT to the newest complete checkpoint, wherever a crash cut save_checkpoint short: a
+    complete OUT.tmp takes OUT's logs and replaces it (OUT -> OUT.old, OUT.tmp -> OUT, OUT.old
+    removed), an incomplete one is removed, a lone OUT.old is put back. Each step can be redone."""
     tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
 
-    def take_logs(src):  # the run's logs and data (*.jsonl, *.png, eval*) move into the new checkpoint, where it lacks them
+    def take_logs(src):  # the run's logs and data move into the new checkpoint, where it lacks them
         for name in os.listdir(src):
-            if (name.endswith((".jsonl", ".png")) or name.startswith("eval")) and not os.path.exists(os.path.join(tmp, name)):
+            ours = name.endswith((".jsonl", ".png")) or name.startswith("eval")
+            if ours and not os.path.exists(os.path.join(tmp, name)):
                 shutil.move(os.path.join(src, name), os.path.join(tmp, name))
     if os.path.exists(os.path.join(tmp, "trainer_state.pt")):
         if os.path.isdir(out):
             take_logs(out)
             shutil.rmtree(old, ignore_errors=True)
             os.rename(out, old)
-        elif os.path.isdir(old):  # a crash between the two renames: OUT.old may still hold some of the logs
+        elif os.path.isdir(old):  # a crash between the two renames: OUT.old may hold some logs
             take_logs(old)
         os.rename(tmp, out)
     else:
@@ -465,27 +468,28 @@ def set_rng_state(s):
 
 
 class RunLog:
-    """A run's log: one grep-able line per step on stdout, the same as a JSON line in DIR/metrics.jsonl, and with
-    --report_to trackio or wandb (optional imports) in that tracker's run, the run's flags as its config. Under
-    torchrun rank 0 alone writes and tracks."""
+    """A run's log (rank 0's): one grep-able line per step on stdout, metrics.jsonl, --report_to."""
 
     def __init__(self, args, rank=0):
         self.path = os.path.join(args.out, "metrics.jsonl") if rank == 0 else None
         self.args, self.tracker = args, None
         self.report_to = args.report_to if rank == 0 and args.report_to != "none" else None
-        if self.report_to and importlib.util.find_spec(self.report_to) is None:  # said before any work; the run starts at the first line
-            raise SystemExit(f"--report_to {self.report_to}: it is not installed (pip install {self.report_to})")
+        if self.report_to and importlib.util.find_spec(self.report_to) is None:  # before any work
+            raise SystemExit(f"--report_to {self.report_to}: it is not installed "
+                             f"(pip install {self.report_to})")
 
     def __call__(self, step, metrics):
-        if self.report_to and not self.tracker:  # trackio keeps its runs on this machine; wandb needs an account or WANDB_MODE=offline
+        # trackio keeps its runs on this machine; wandb needs an account or WANDB_MODE=offline
+        if self.report_to and not self.tracker:
             self.tracker = importlib.import_module(self.report_to)
-            # a --resume goes on in the run of the same name (trackio and wandb; wandb needs the id as well)
+            # a --resume goes on in the run of the same name (wandb needs the id as well)
             again = {"resume": "allow"} if getattr(self.args, "resume", False) else {}
             if self.report_to == "wandb":
                 again["id"] = hashlib.sha256(os.path.abspath(self.args.out).encode()).hexdigest()[:16]
-            self.tracker.init(project="nanorlenv", name=os.path.normpath(self.args.out), config=vars(self.args),
-                              **again)
-        parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
+            self.tracker.init(project="nanorlenv", name=os.path.normpath(self.args.out),
+                              config=vars(self.args), **again)
+        parts = [f"step {step}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                    for k, v in metrics.items()]
         print(" | ".join(parts), flush=True)
         if self.path:
             with open(self.path, "a") as f:
@@ -496,7 +500,8 @@ class RunLog:
     def evals(self, step, results):
         """The lines of an evaluate_standard() result: rates and mean reward per setting."""
         for name, (s, _) in results.items():
-            self(step, {f"eval_{name}_{k}": v for k, v in s.items() if k.endswith("_rate") or k == "reward_mean"})
+            self(step, {f"eval_{name}_{k}": v for k, v in s.items()
+                        if k.endswith("_rate") or k == "reward_mean"})
 
     def close(self):
         if self.tracker:

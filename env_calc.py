@@ -1,28 +1,29 @@
 """
 Arithmetic with a calculator tool: a tool-calling environment in one file.
 
-    python eval.py --env calc --model oracle -n 2 --show 2          # the scripted player that uses the tool
-    python eval.py --env calc --model guess -n 200                   # the no-tool baseline: answers at a glance
-    python eval.py --env calc --model out/calc/rl -n 200 --temp 0    # a trained model, with the tool
-    python eval.py --env calc --env_args '{"tools": false}' --model out/calc/rl -n 200 --temp 0   # ... without it
+    python eval.py --env calc --model oracle -n 2 --show 2        # scripted player, with the tool
+    python eval.py --env calc --model guess -n 200                 # no-tool baseline: at a glance
+    python eval.py --env calc --model out/calc/rl -n 200 --temp 0  # a trained model, with the tool
+    python eval.py --env calc --env_args '{"tools": false}' --model out/calc/rl -n 200 --temp 0
 
-A task is an integer expression that a small model cannot work out in its head ("What is 4821 * 37 - 906?"),
-drawn from the example's seed, with its exact answer. The system prompt describes the tool (a Python function
-with a JSON-schema description, `TOOLS`); the model calls it inside a reply, in the Hermes/Qwen3 format
+(the last: the same model without the tool). A task is an integer expression that a small model
+cannot work out in its head ("What is 4821 * 37 - 906?"), drawn from the example's seed, with its
+exact answer. The system prompt describes the tool (a Python function with a JSON-schema
+description, `TOOLS`); the model calls it inside a reply, in the Hermes/Qwen3 format
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "4821 * 37 - 906"}}</tool_call>
 
 and the environment answers with the result as the next message, in the tool role (a dict
-{"role": "tool", "content": ...}: the contract's one extension, see the README). A bad call gets an error message
-instead: a wasted turn, never a crash. The episode ends with a reply holding <answer>N</answer>, or after
-`max_turns` replies.
+{"role": "tool", "content": ...}: the contract's one extension, see the README). A bad call gets an
+error message instead: a wasted turn, never a crash. The episode ends with a reply holding
+<answer>N</answer>, or after `max_turns` replies.
 
-The calculator never evaluates model text as code: the expression is parsed with `ast` and only numbers, + - * /,
-unary signs and parentheses are evaluated, exactly (fractions), with bounds on its length, its size and every
-number's size.
+The calculator never evaluates model text as code: the expression is parsed with `ast` and only
+numbers, + - * /, unary signs and parentheses are evaluated, exactly (fractions), with bounds on its
+length, its size and every number's size.
 
-Rewards: `correct` (weight 1), `format` (0.1: the share of well-formed replies) and `tool_calls` (-0.05 each: call
-once, then answer). Metrics: accuracy (`correct`), `used_tool`, `n_tool_calls`, `format`.
+Rewards: `correct` (weight 1), `format` (0.1: share of well-formed replies), `tool_calls` (-0.05
+each: call once, then answer). Metrics: accuracy (`correct`), `used_tool`, `n_tool_calls`, `format`.
 """
 import ast
 import json
@@ -30,23 +31,30 @@ import random
 import re
 from fractions import Fraction
 
+# the tool's JSON-schema description: shown to the model in TOOL_PROMPT
 TOOLS = [{"type": "function", "function": {
     "name": "calculator",
-    "description": "Evaluate an arithmetic expression exactly: integers and decimals, + - * / and parentheses.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 12 * (3 + 4)"}},
+    "description": "Evaluate an arithmetic expression exactly: integers and decimals, + - * / and "
+                   "parentheses.",
+    "parameters": {"type": "object", "properties": {"expression": {
+                       "type": "string", "description": "e.g. 12 * (3 + 4)"}},
                    "required": ["expression"]}}}]
 
-SYSTEM_PROMPT = """Answer the arithmetic question with the exact integer inside <answer>...</answer>, for example:
-<answer>42</answer>"""
+# the system prompt; TOOL_PROMPT is appended when the calculator is offered
+SYSTEM_PROMPT = ("Answer the arithmetic question with the exact integer inside "
+                 "<answer>...</answer>, for example:\n<answer>42</answer>")
 TOOL_PROMPT = """
 You can use a calculator. Call it alone in a reply, like this:
 <tool_call>{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}</tool_call>
 Its result comes back as the next message. Tools: """ + json.dumps(TOOLS)
 
-MAX_CHARS, MAX_NODES, MAX_NUMBER = 200, 64, 10**15  # the calculator's bounds: expression length, AST size, |number|
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-ANSWER = re.compile(r"<answer>\s*(-?\d{1,30})\s*</answer>")
-WELL_FORMED = re.compile(r"\s*(<think>[^<]*</think>\s*)?(<tool_call>[^<]*</tool_call>|<answer>-?\d{1,30}</answer>)\s*")
+# the calculator's bounds (expression length, AST size, |number|): no reply can make it slow or huge
+MAX_CHARS, MAX_NODES, MAX_NUMBER = 200, 64, 10**15
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # a call's JSON, Hermes/Qwen3 format
+ANSWER = re.compile(r"<answer>\s*(-?\d{1,30})\s*</answer>")  # the final answer: an integer
+# a well-formed reply: an optional think, then exactly one tool call or one answer
+WELL_FORMED = re.compile(r"\s*(<think>[^<]*</think>\s*)?"
+                         r"(<tool_call>[^<]*</tool_call>|<answer>-?\d{1,30}</answer>)\s*")
 
 
 class CalcError(ValueError):
@@ -54,8 +62,8 @@ class CalcError(ValueError):
 
 
 def calculate(expression):
-    """The exact value (a Fraction) of an arithmetic expression given as text, or CalcError saying what is wrong.
-    Never runs the text: it is parsed, and only numbers, + - * /, unary signs and parentheses are evaluated."""
+    """The exact value (a Fraction) of an arithmetic expression, or CalcError saying what is wrong.
+    Never runs the text: only numbers, + - * /, signs and parentheses of its parse are evaluated."""
     if not isinstance(expression, str):
         raise CalcError("the expression must be a string")
     if len(expression) > MAX_CHARS:
@@ -76,10 +84,12 @@ def calculate(expression):
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             if node.value != node.value or abs(node.value) > MAX_NUMBER:  # NaN, inf, or too large
                 raise CalcError("a number is too large")
-            return Fraction(str(node.value)) if isinstance(node.value, float) else Fraction(node.value)
+            return (Fraction(str(node.value)) if isinstance(node.value, float)
+                    else Fraction(node.value))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
             return value(node.operand) if isinstance(node.op, ast.UAdd) else -value(node.operand)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        if (isinstance(node, ast.BinOp)
+                and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))):
             a, b = value(node.left), value(node.right)
             if isinstance(node.op, ast.Div) and b == 0:
                 raise CalcError("division by zero")
@@ -95,13 +105,14 @@ def show_number(x):
 
 
 def run_tool_call(text):
-    """The tool's reply to the text inside <tool_call>...</tool_call>: its result, or an error message."""
+    """The tool's reply to the text inside a <tool_call>: its result, or an error message."""
     try:
         call = json.loads(text) if len(text) <= 2 * MAX_CHARS else None
     except (ValueError, RecursionError):
         call = None
     if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
-        return 'error: the tool call must be JSON like {"name": "calculator", "arguments": {"expression": "1 + 2"}}'
+        return ('error: the tool call must be JSON like '
+                '{"name": "calculator", "arguments": {"expression": "1 + 2"}}')
     if call.get("name") != "calculator":
         return f"error: unknown tool {str(call.get('name'))[:40]!r}; the only tool is calculator"
     try:
@@ -111,9 +122,10 @@ def run_tool_call(text):
 
 
 def make_task(rng):
-    """(expression, exact integer answer): products of 2-4 digit numbers, with a sum or difference on top."""
+    """(expression, exact answer): products of 2-4 digit numbers, some with a sum or difference."""
     a, b, c = rng.randint(100, 9999), rng.randint(12, 99), rng.randint(100, 9999)
-    expression = rng.choice([f"{a} * {b}", f"{a} * {b} + {c}", f"{a} * {b} - {c}", f"({a} + {c}) * {b}"])
+    expression = rng.choice([f"{a} * {b}", f"{a} * {b} + {c}", f"{a} * {b} - {c}",
+                             f"({a} + {c}) * {b}"])
     return expression, int(calculate(expression))
 
 
@@ -125,7 +137,7 @@ class Calc:
             raise ValueError(f"tools={tools!r}: must be true or false")
         if not (isinstance(max_turns, int) and not isinstance(max_turns, bool) and max_turns >= 1):
             raise ValueError(f"max_turns={max_turns!r}: must be a positive integer")
-        self.tools, self.max_turns = tools, max_turns
+        self.calculator, self.max_turns = tools, max_turns  # not `tools`: that names schemas
         self.system_prompt = SYSTEM_PROMPT + (TOOL_PROMPT if tools else "")
 
     def examples(self, n, seed=0):
@@ -137,8 +149,8 @@ class Calc:
         return rows
 
     def reset(self, example):
-        state = {"expression": example["expression"], "target": example["answer"], "answer": None, "turns": 0,
-                 "well_formed": 0, "tool_calls": 0, "last_result": None, "done": False}
+        state = {"expression": example["expression"], "target": example["answer"], "answer": None,
+                 "turns": 0, "well_formed": 0, "tool_calls": 0, "last_result": None, "done": False}
         return state, f"What is {example['expression']}?"
 
     def step(self, state, reply):
@@ -153,45 +165,52 @@ class Calc:
             state["done"] = True
             return None
         if not calls:
-            return "Give the exact answer inside <answer>...</answer>" + (" or call the calculator." if self.tools else ".")
-        if not self.tools:
+            return ("Give the exact answer inside <answer>...</answer>"
+                    + (" or call the calculator." if self.calculator else "."))
+        if not self.calculator:
             return "No tools are available here: give the answer inside <answer>...</answer>."
         state["tool_calls"] += 1
         state["last_result"] = run_tool_call(calls[0].strip())
         return {"role": "tool", "content": state["last_result"]}
 
     def rewards(self, state):
-        return {"correct": float(state["answer"] == state["target"]), "format": state["well_formed"] / max(state["turns"], 1),
+        return {"correct": float(state["answer"] == state["target"]),
+                "format": state["well_formed"] / max(state["turns"], 1),
                 "tool_calls": float(state["tool_calls"])}
 
     def metrics(self, state):
-        return {"correct": float(state["answer"] == state["target"]), "used_tool": float(state["tool_calls"] > 0),
-                "n_tool_calls": state["tool_calls"], "format": state["well_formed"] / max(state["turns"], 1),
+        return {"correct": float(state["answer"] == state["target"]),
+                "used_tool": float(state["tool_calls"] > 0), "n_tool_calls": state["tool_calls"],
+                "format": state["well_formed"] / max(state["turns"], 1),
                 "cut_off": float(state["answer"] is None)}  # no answer within max_turns
 
     scripted_players = ("oracle", "guess")
 
     def scripted_player(self, name):
-        """oracle: calls the calculator on the question's expression, then answers its result (a teacher for SFT).
-        guess: answers at once from the leading digits of each number (the no-tool baseline)."""
+        """oracle: calls the calculator on the expression, then answers its result (an SFT teacher).
+        guess: answers at once from each number's leading digits (the no-tool baseline)."""
         if name == "oracle":
             def oracle(state):
-                if state["last_result"] is None and self.tools:
+                if state["last_result"] is None and self.calculator:
                     call = {"name": "calculator", "arguments": {"expression": state["expression"]}}
                     return f"<tool_call>{json.dumps(call)}</tool_call>"
-                return f"<answer>{state['last_result'] if state['last_result'] is not None else state['target']}</answer>"
+                result = state["last_result"]
+                return f"<answer>{result if result is not None else state['target']}</answer>"
             return oracle
         if name == "guess":
             def rounded(m):
                 digits = m.group(0)
                 return digits[:2] + "0" * (len(digits) - 2)
-            return lambda state: f"<answer>{int(calculate(re.sub(r'[0-9]+', rounded, state['expression'])))}</answer>"
+            return lambda state: (
+                f"<answer>{int(calculate(re.sub(r'[0-9]+', rounded, state['expression'])))}"
+                "</answer>")
         raise ValueError(f"unknown scripted player {name!r} for calc: use 'oracle' or 'guess'")
 
     def describe(self, state):
-        return f"{state['expression']} = {state['target']}\nanswer: {state['answer']}, tool calls: {state['tool_calls']}"
+        return (f"{state['expression']} = {state['target']}\n"
+                f"answer: {state['answer']}, tool calls: {state['tool_calls']}")
 
 
 def load_environment(tools=True, max_turns=4):
-    """tools: offer the calculator (false: the same questions without it); max_turns: the most replies."""
+    """tools: offer the calculator (false: the same questions, no tool); max_turns: most replies."""
     return Calc(tools, max_turns)

@@ -1,33 +1,40 @@
 """
-Verifiers environments, as they are: any environment written with Verifiers' classic API (`load_environment`,
-SingleTurnEnv, MultiTurnEnv with `setup_state`/`env_response`/`@vf.stop`, ToolEnv, StatefulToolEnv, a `Rubric` of
-weighted reward functions) trained and evaluated here unchanged.
+Verifiers environments, as they are: any environment written with Verifiers' classic API
+(`load_environment`, SingleTurnEnv, MultiTurnEnv with `setup_state`/`env_response`/`@vf.stop`,
+ToolEnv, StatefulToolEnv, a `Rubric` of weighted reward functions), trained and evaluated here.
 
-    uv pip install verifiers==0.3.1          # an optional extra (about 100 packages): not in requirements.txt
-    python eval.py --env verifiers --env_args '{"path": "tictactoe.py"}' --model minimax_vf:play -n 20
-    python rl.py --env verifiers --env_args '{"id": "tictactoe", "args": {"max_turns": 8}}' --batch 64 --group 8
+    uv pip install verifiers==0.3.1    # optional (many dependencies): not in requirements.txt
+    python eval.py --env verifiers --model minimax_vf:play -n 20 \\
+        --env_args '{"path": "tictactoe.py"}'
+    python rl.py --env verifiers --batch 64 --group 8 \\
+        --env_args '{"id": "tictactoe", "args": {"max_turns": 8}}'
 
-env_args: `id` (an installed environment's module, as `pip install` or `prime env install` installs it) or `path`
-(a .py file); `args`: its load_environment keyword arguments; `dataset_seed` (default 0): the global `random`
-and numpy seeds while it builds its dataset (environments that draw from the unseeded global `random`, as the
-course's tic-tac-toe does, then build the same rows in every process); `max_turns`: the cut-off for an environment
-with no turn limit of its own (default 16); `num_groups`: consecutive examples cycle through that many rows
-(rl.py passes batch/group; forwarded to load_environment where it takes one: the course's stratified buckets).
+env_args: `id` (an installed environment's module, as `pip install` or `prime env install`
+installs it) or `path` (a .py file); `args`: its load_environment keyword arguments;
+`dataset_seed` (default 0): the global `random` and numpy seeds while it builds its dataset
+(environments that draw from the unseeded global `random`, as the course's tic-tac-toe does, then
+build the same rows in every process); `max_turns`: the cut-off for an environment with no turn
+limit of its own (default 16); `num_groups`: consecutive examples cycle through that many rows
+(rl.py passes batch/group; forwarded to load_environment where it takes one: the course's
+stratified buckets).
 
-Verifiers' own code plays every episode: its `_run_rollout_state` (setup_state, stop conditions, env_response,
-final_env_response, tools, cleanup, then the rubric's score_rollout) runs on a private event loop, and the model's
-turns go through a Verifiers Client whose response is the reply our policy wrote. So an episode stays suspended
-inside Verifiers between two of our `step` calls. A reply's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-blocks (the Hermes/Qwen3 text format) become the message's tool calls, the rest its content, as a server's tool
-parser would; the tools are offered through the chat template (`tools`); each tool result is one tool message.
+Verifiers' own code plays every episode: its `_run_rollout_state` (setup_state, stop conditions,
+env_response, final_env_response, tools, cleanup, then the rubric's score_rollout) runs on a
+private event loop, and the model's turns go through a Verifiers Client whose response is the
+reply our policy wrote. So an episode stays suspended inside Verifiers between two of our `step`
+calls. A reply's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (the
+Hermes/Qwen3 text format) become the message's tool calls, the rest its content, as a server's
+tool parser would; the tools are offered through the chat template (`tools`); each tool result is
+one tool message.
 
-Rewards: each rubric function by its own name with the rubric's weight (`reward_weights`); weight-0 functions are
-metrics, with `error` (1 where Verifiers recorded an error, or a reward function or tool raised: Verifiers scores
-those 0 and logs them). Refused at load, with the reason: group reward functions, few-shot prompts, judge rubrics
-(a network model), sandboxes, environment groups, prompts that are not [system, user] text, and verifiers outside
-0.1.14-0.3.x (0.4 keeps only its v1 API). It runs behind guard.py like every third-party environment: a hung reward
-function or tool costs its episode (metric `timeout`), never the run; the library's signal handlers, atexit hooks
-and process pools stay in the guard's worker.
+Rewards: each rubric function by its own name with the rubric's weight (`reward_weights`);
+weight-0 functions are metrics, with `error` (1 where Verifiers recorded an error, or a reward
+function or tool raised: Verifiers scores those 0 and logs them). Refused at load, with the
+reason: group reward functions, few-shot prompts, judge rubrics (a network model), sandboxes,
+environment groups, prompts that are not [system, user] text, and verifiers outside 0.1.14-0.3.x
+(0.4 keeps only its v1 API). It runs behind guard.py like every third-party environment: a hung
+reward function or tool costs its episode (metric `timeout`), never the run; the library's signal
+handlers, atexit hooks and process pools stay in the guard's worker.
 """
 import asyncio
 import contextvars
@@ -42,10 +49,11 @@ import time
 
 from guard import Guarded, import_source
 
-SUPPORTED = "verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; `uv pip install verifiers==0.3.1`)"
-DEFAULT_MAX_TURNS = 16
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-CURRENT = contextvars.ContextVar("episode")  # the episode whose rollout task is running (a task copies it)
+SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
+             "`uv pip install verifiers==0.3.1`)")  # named in every error about the package
+DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of its own
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # Hermes/Qwen3 text tool calls
+CURRENT = contextvars.ContextVar("episode")  # the running rollout's episode (a task copies it)
 
 
 def import_verifiers():
@@ -55,11 +63,12 @@ def import_verifiers():
     except ImportError:
         raise ValueError(f"--env verifiers needs the verifiers package: {SUPPORTED}") from None
     try:
-        from verifiers.clients import Client  # 0.3 answers at the classic paths too (verifiers.legacy)
+        from verifiers.clients import Client  # 0.3 has the classic paths too (verifiers.legacy)
         vf.MultiTurnEnv  # noqa: B018  (0.4 has no classic classes: fails here)
     except (ImportError, AttributeError):
         version = getattr(vf, "__version__", "?")
-        why = ("keeps only its new v1 API (no MultiTurnEnv, no verifiers.types): classic environments do not import"
+        why = ("keeps only its new v1 API (no MultiTurnEnv, no verifiers.types): classic "
+               "environments do not import"
                if tuple(map(int, re.findall(r"\d+", version)[:2])) >= (0, 4)
                else "predates the Client interface this runs on")
         raise ValueError(f"verifiers {version} {why}; this adapter runs {SUPPORTED}") from None
@@ -67,8 +76,9 @@ def import_verifiers():
 
 
 def parse_tool_calls(text):
-    """(content, tool calls) of a reply: its well-formed <tool_call> blocks as [{"id", "name", "arguments"}] (the
-    arguments a JSON string), the rest of the text as the content; a malformed block stays in the content."""
+    """(content, tool calls) of a reply: its well-formed <tool_call> blocks as
+    [{"id", "name", "arguments"}] (the arguments a JSON string), the rest of the text as the
+    content; a malformed block stays in the content."""
     calls, kept, last = [], [], 0
     for m in TOOL_CALL.finditer(text):
         try:
@@ -86,7 +96,7 @@ def parse_tool_calls(text):
 
 
 def plain(message):
-    """A message as a plain dict (Verifiers' messages may be pydantic objects), None fields dropped."""
+    """A message as a plain dict (Verifiers' may be pydantic objects), its None fields dropped."""
     if hasattr(message, "model_dump"):
         message = message.model_dump()
     return {k: v for k, v in dict(message).items() if v is not None}
@@ -96,16 +106,18 @@ def rubric_functions(rubric):
     """[(name, weight)] of every reward function of a rubric, through RubricGroups."""
     if hasattr(rubric, "rubrics"):
         return [f for r in rubric.rubrics for f in rubric_functions(r)]
-    return [(getattr(f, "__name__", repr(f)), float(w)) for f, w in zip(rubric.funcs, rubric.weights)]
+    return [(getattr(f, "__name__", repr(f)), float(w))
+            for f, w in zip(rubric.funcs, rubric.weights)]
 
 
 def has_judge(rubric, vf):
-    return isinstance(rubric, vf.JudgeRubric) or any(has_judge(r, vf) for r in getattr(rubric, "rubrics", []))
+    return (isinstance(rubric, vf.JudgeRubric)
+            or any(has_judge(r, vf) for r in getattr(rubric, "rubrics", [])))
 
 
 class Episode:
-    """One rollout suspended inside Verifiers between our calls: its task, the future through which it asks for the
-    model's turn (`turn`, set to the prompt) and the one through which that turn is answered (`reply`)."""
+    """One rollout suspended inside Verifiers between our calls: its task, the future through which
+    it asks for the model's turn (`turn`, set to the prompt) and the one answering it (`reply`)."""
 
     def __init__(self, row):
         self.row, self.task, self.turn, self.reply = row, None, None, None
@@ -113,7 +125,7 @@ class Episode:
 
 
 class ErrorLog(logging.Handler):
-    """Verifiers logs a reward function or tool that raised, and scores it 0: the episode's `error` metric."""
+    """Verifiers logs a reward function or tool that raised (scoring 0): the `error` metric."""
     def emit(self, record):
         episode = CURRENT.get(None)
         if episode is not None:
@@ -121,17 +133,22 @@ class ErrorLog(logging.Handler):
 
 
 class VerifiersEnv:
-    def __init__(self, id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS, num_groups=None):
+    def __init__(self, id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
+                 num_groups=None):
         vf, Client = import_verifiers()
         self.vf = vf
         if (id is None) == (path is None):
-            raise ValueError('give one of id (an installed environment module) or path (a .py file), e.g. '
-                             '{"path": "environments/tictactoe/tictactoe.py"}')
+            raise ValueError('give one of id (an installed environment module) or path '
+                             '(a .py file), e.g. {"path": "environments/tictactoe/tictactoe.py"}')
         if args is not None and not isinstance(args, dict):
-            raise ValueError(f"args={args!r}: must be a JSON object of load_environment's keyword arguments")
-        for name, value in (("max_turns", max_turns), ("num_groups", num_groups or 1), ("dataset_seed", dataset_seed)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < (name != "dataset_seed"):
-                raise ValueError(f"{name}={value!r}: must be an integer >= {int(name != 'dataset_seed')}")
+            raise ValueError(f"args={args!r}: must be a JSON object of "
+                             "load_environment's keyword arguments")
+        for name, value in (("max_turns", max_turns), ("num_groups", num_groups or 1),
+                            ("dataset_seed", dataset_seed)):
+            if (not isinstance(value, int) or isinstance(value, bool)
+                    or value < (name != "dataset_seed")):
+                raise ValueError(f"{name}={value!r}: must be an integer >= "
+                                 f"{int(name != 'dataset_seed')}")
         module = self._module(id, path)
         load = getattr(module, "load_environment", None)
         if not callable(load):
@@ -141,7 +158,8 @@ class VerifiersEnv:
             args.setdefault("num_groups", num_groups)
         self.env = self._build(load, args, dataset_seed)
         self._refuse_what_cannot_run()
-        dataset = self.env.get_dataset() if self.env.dataset is not None else self.env.get_eval_dataset()
+        dataset = (self.env.get_dataset() if self.env.dataset is not None
+                   else self.env.get_eval_dataset())
         self.rows = dataset.to_list()
         self.system_prompt = self._check_prompts()
         self.max_turns = self.env.max_turns if getattr(self.env, "max_turns", -1) > 0 else max_turns
@@ -150,11 +168,13 @@ class VerifiersEnv:
         self.reward_weights = {}
         for name, weight in functions:
             if self.reward_weights.setdefault(name, weight) != weight:
-                raise ValueError(f"two reward functions named {name!r} with different weights: rename one")
+                raise ValueError(f"two reward functions named {name!r} with different weights: "
+                                 "rename one")
         self.metric_names = [n for n, w in self.reward_weights.items() if w == 0]
         self.reward_weights = {n: w for n, w in self.reward_weights.items() if w != 0}
-        self.tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                         "parameters": t.parameters}}
+        self.tools = [{"type": "function",
+                       "function": {"name": t.name, "description": t.description,
+                                    "parameters": t.parameters}}
                       for t in self.env.tool_defs or []] or None
         self.loop = asyncio.new_event_loop()
         self.client = _client_class(Client, vf)(None)
@@ -173,13 +193,14 @@ class VerifiersEnv:
         try:
             return import_source(id.replace("-", "_"))
         except ModuleNotFoundError as e:
-            raise ValueError(f"no installed environment {id!r} ({e}): install it (pip install / prime env install) "
-                             "or give its file as path") from None
+            raise ValueError(f"no installed environment {id!r} ({e}): install it (pip install / "
+                             "prime env install) or give its file as path") from None
 
     @staticmethod
     def _build(load, args, dataset_seed):
-        """load_environment(**args) with the global random and numpy seeded (its dataset the same in every process)
-        and our signal handlers put back (Verifiers installs its own for SIGINT and SIGTERM)."""
+        """load_environment(**args) with the global random and numpy seeded (its dataset the same
+        in every process), our signal handlers put back (Verifiers installs its own for SIGINT and
+        SIGTERM)."""
         import numpy as np
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         outer, outer_np = random.getstate(), np.random.get_state()
@@ -198,7 +219,8 @@ class VerifiersEnv:
         names = {c.__name__ for c in type(env).__mro__}
         why = ("it is not a Verifiers Environment" if not isinstance(env, vf.Environment) else
                "an environment group: load each environment on its own" if "EnvGroup" in names else
-               "it runs code in a remote sandbox" if names & {"SandboxEnv", "PythonEnv", "CliAgentEnv"} else
+               "it runs code in a remote sandbox"
+               if names & {"SandboxEnv", "PythonEnv", "CliAgentEnv"} else
                "its rubric has group reward functions (rewards of a whole group at once)"
                if env.rubric.has_group_rewards else
                "its rubric asks a judge model over the network" if has_judge(env.rubric, vf) else
@@ -207,28 +229,30 @@ class VerifiersEnv:
             raise ValueError(f"this Verifiers environment cannot run here: {why}")
 
     def _check_prompts(self):
-        """The one system prompt every row shares; ValueError where a row's prompt is not [system, user] text."""
+        """The rows' one system prompt; ValueError for a prompt that is not [system, user] text."""
         systems = set()
         for i, row in enumerate(self.rows):
             prompt = [plain(m) for m in row.get("prompt") or []]
             roles = [m.get("role") for m in prompt]
             text = all(isinstance(m.get("content"), str) for m in prompt)
             if roles not in (["system", "user"], ["user"]) or not text:
-                raise ValueError(f"row {i}'s prompt is {roles} (or not text): only [system, user] text prompts "
-                                 "run here")
+                raise ValueError(f"row {i}'s prompt is {roles} (or not text): only [system, user] "
+                                 "text prompts run here")
             systems.add(prompt[0]["content"] if roles[0] == "system" else "")
             info = row.get("info")
             if isinstance(info, dict) and "tool_defs" in info:
-                raise ValueError(f"row {i} brings its own tools (info['tool_defs']): not supported here")
+                raise ValueError(f"row {i} brings its own tools (info['tool_defs']): "
+                                 "not supported here")
         if len(systems) > 1:
-            raise ValueError(f"the rows have {len(systems)} different system prompts: only one is supported")
+            raise ValueError(f"the rows have {len(systems)} different system prompts: "
+                             "only one is supported")
         return systems.pop() if systems else ""
 
     # ------------------------------------------------------------------------- the contract
 
     def examples(self, n, seed=0):
-        """n consecutive rows (cyclic) from a start drawn from seed, aligned to num_groups: each step's examples
-        cover the environment's difficulty buckets as its dataset lays them out."""
+        """n consecutive rows (cyclic) from a start drawn from seed, aligned to num_groups: each
+        step's examples cover the environment's difficulty buckets as its dataset lays them out."""
         start = random.Random(f"verifiers/{seed}").randrange(len(self.rows))
         start -= start % self.num_groups
         return [{"seed": seed, "row": (start + i) % len(self.rows)} for i in range(n)]
@@ -237,12 +261,14 @@ class VerifiersEnv:
         episode = Episode(self.rows[example["row"]])
         token = CURRENT.set(episode)
         try:
-            episode.task = self.loop.create_task(self.env._run_rollout_state(episode.row, self.client, "policy", {}))
+            episode.task = self.loop.create_task(
+                self.env._run_rollout_state(episode.row, self.client, "policy", {}))
         finally:
             CURRENT.reset(token)
         messages = self._advance(episode)
         if messages is None:
-            raise RuntimeError(f"the rollout ended before the first model turn: {episode.task.exception()!r}")
+            raise RuntimeError(f"the rollout ended before the first model turn: "
+                               f"{episode.task.exception()!r}")
         return episode, messages[-1]["content"]
 
     def step(self, episode, reply):
@@ -250,7 +276,7 @@ class VerifiersEnv:
             return None
         episode.replies += 1
         if episode.replies >= self.max_turns and not self.env.max_turns > 0:
-            episode.cut_off = True  # Verifiers would go on: end it as a prompt too long ends it (truncated, scored)
+            episode.cut_off = True  # Verifiers goes on: end it as an overlong prompt does, scored
         episode.reply.set_result(reply if isinstance(reply, str) else str(reply))
         messages = self._advance(episode)
         if messages is None:
@@ -260,22 +286,24 @@ class VerifiersEnv:
         return messages
 
     def _advance(self, episode):
-        """Run the loop until the episode asks for the model's next reply (its new messages) or ends (None)."""
+        """Run the loop until the episode asks for the next reply (new messages) or ends (None)."""
         episode.turn = self.loop.create_future()
         self.loop.run_until_complete(asyncio.wait([episode.turn, episode.task],
                                                   return_when=asyncio.FIRST_COMPLETED))
         if episode.task.done():
-            episode.task.exception()  # retrieved: an exception here is the episode's error (rewards, metrics)
+            episode.task.exception()  # retrieved: an exception here is the episode's error
             return None
         prompt = episode.turn.result()
         if prompt[:len(episode.seen)] != episode.seen:
             episode.errors.append("the environment rewrote earlier messages")
-        new = [{"role": m["role"], "content": m.get("content") or ""} for m in prompt[len(episode.seen):]]
+        new = [{"role": m["role"], "content": m.get("content") or ""}
+               for m in prompt[len(episode.seen):]]
         return new
 
     def _final_state(self, episode):
         task = episode.task
-        return task.result() if task.done() and not task.cancelled() and task.exception() is None else None
+        return (task.result() if task.done() and not task.cancelled() and task.exception() is None
+                else None)
 
     def rewards(self, episode):
         state = self._final_state(episode)
@@ -299,7 +327,7 @@ class VerifiersEnv:
 
 
 def _client_class(Client, vf):
-    """A Verifiers Client whose model is our policy: each request waits for the reply the trainer gives step()."""
+    """A Verifiers Client whose model is our policy: a request awaits the reply given to step()."""
     from verifiers.types import Response, ResponseMessage, ToolCall
 
     class PolicyClient(Client):
@@ -307,7 +335,8 @@ def _client_class(Client, vf):
             return None
 
         async def to_native_tool(self, tool):
-            return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+            return {"type": "function", "function": {"name": tool.name,
+                                                     "description": tool.description,
                                                      "parameters": tool.parameters}}
 
         async def to_native_prompt(self, messages):
@@ -332,8 +361,9 @@ def _client_class(Client, vf):
 
         async def from_native_response(self, response):
             content, calls = response
-            message = ResponseMessage(content=content, tool_calls=[ToolCall(**c) for c in calls] or None,
-                                      finish_reason="tool_calls" if calls else "stop", is_truncated=False)
+            message = ResponseMessage(
+                content=content, tool_calls=[ToolCall(**c) for c in calls] or None,
+                finish_reason="tool_calls" if calls else "stop", is_truncated=False)
             return Response(id="policy", created=int(time.time()), model="policy", message=message)
 
         async def close(self):
@@ -341,10 +371,11 @@ def _client_class(Client, vf):
     return PolicyClient
 
 
-def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS, num_groups=None,
-                     timeout=60.0):
-    """A Verifiers environment behind the guard (guard.py): `timeout` seconds a call (a step, with the reward
-    functions and tools it runs) may take before its episode is scored 0 with metric `timeout`."""
-    kwargs = {"id": id, "path": os.path.abspath(path) if isinstance(path, str) else path, "args": args,
-              "dataset_seed": dataset_seed, "max_turns": max_turns, "num_groups": num_groups}
+def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
+                     num_groups=None, timeout=60.0):
+    """A Verifiers environment behind the guard (guard.py): `timeout` seconds a call (a step, with
+    its reward functions and tools) may take before its episode scores 0 (metric `timeout`)."""
+    kwargs = {"id": id, "path": os.path.abspath(path) if isinstance(path, str) else path,
+              "args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
+              "num_groups": num_groups}
     return Guarded("env_verifiers:VerifiersEnv", kwargs, timeout=timeout)

@@ -2,10 +2,10 @@
 Evaluate a model (local, API or scripted) on an environment; --exploit runs its exploit hook.
 
     python eval.py --model out/rl --setting optimal -n 200 --out out/eval_rl_optimal  # GPU or CPU
-    python eval.py --model oracle --env reverse -n 200                                  # a scripted player
+    python eval.py --model oracle --env reverse -n 200                    # a scripted player
     python eval.py --model gpt-5-mini --api_base https://api.openai.com/v1 -n 100 --out out/api
-    python eval.py --model out/rl --setting optimal random --exploit --out out/eval_rl  # one model load
-    python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5                     # watch it play
+    python eval.py --model out/rl --setting optimal random --exploit --out out/eval_rl  # one load
+    python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5       # watch it play
 
 Writes DIR/rollouts.jsonl as episodes finish (--resume skips them) and DIR/summary.json: n,
 reward_mean, reward_se, `<name>_rate` and `mean_<name>` of the environment's metrics (`n_<name>`
@@ -20,16 +20,15 @@ import time
 
 import torch
 
-from common import at_least, can_write, check_flags, disk_full_says_what_is_kept, eval_settings, load_env, parse_env_args
+from common import (at_least, can_write, check_flags, disk_full_says_what_is_kept, eval_settings,
+                    load_env, parse_env_args)
 from policies import POLICY_FLAG_RULES, APIError, add_policy_args, policy_from_args
 from sample import rollout, show
 
+
 # ----------------------------------------------------------------------------- summaries
-
-
 def summarize(records):
-    """Means over episodes: the reward, the environment's metrics by the naming convention above (in its order), then
-    the reward's components."""
+    """Means over episodes: reward, environment metrics (named as above), reward components."""
     n = len(records)
     if n == 0:
         return {"n": 0}
@@ -42,14 +41,16 @@ def summarize(records):
         out[key] = sum(r["metrics"][k] for r in records) / n
     for k in records[0]["rewards"]:
         out[f"reward_{k}"] = sum(r["rewards"][k] for r in records) / n
-    tasks = sorted({str(r["example"].get("task")) for r in records if isinstance(r.get("example"), dict)})
+    tasks = sorted({str(r["example"].get("task")) for r in records
+                    if isinstance(r.get("example"), dict)})
     if len(tasks) > 1:  # a mix of tasks (reasoning-gym's): each task's own summary too
-        out["by_task"] = {t: summarize([r for r in records if str(r["example"].get("task")) == t]) for t in tasks}
+        out["by_task"] = {t: summarize([r for r in records if str(r["example"].get("task")) == t])
+                          for t in tasks}
     return out
 
 
 def format_summary(s, title=""):
-    """A summary's lines, in its order: episodes, the reward with its standard error, then the rest (rates as percents)."""
+    """A summary's lines: episodes, reward ± standard error, then the rest (rates as percents)."""
     rows = [title] if title else []
     if "n" in s:
         rows.append(f"  {'episodes':<18} {s['n']}")
@@ -57,18 +58,18 @@ def format_summary(s, title=""):
         rows.append(f"  {'reward':<18} {s['reward_mean']:.4f} ± {s['reward_se']:.4f}")
     for k, v in s.items():
         if k not in ("n", "reward_mean", "reward_se", "by_task"):
-            rows.append(f"  {k:<18} " + (f"{v:.1%}" if k.endswith("_rate") else f"{v:.4g}" if isinstance(v, float) else str(v)))
+            rows.append(f"  {k:<18} " + (f"{v:.1%}" if k.endswith("_rate") else
+                                         f"{v:.4g}" if isinstance(v, float) else str(v)))
     for task, t in s.get("by_task", {}).items():
         rates = ", ".join(f"{k[:-5]} {v:.1%}" for k, v in t.items() if k.endswith("_rate"))
-        rows.append(f"  {'task ' + task:<18} {t['n']} episodes, reward {t['reward_mean']:.4f}, {rates}")
+        rows.append(f"  {'task ' + task:<18} {t['n']} episodes, "
+                    f"reward {t['reward_mean']:.4f}, {rates}")
     return "\n".join(rows)
 
 
 # ----------------------------------------------------------------------------- evaluation
-
-
 def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progress=True):
-    """Play n examples x rollouts; write DIR/rollouts.jsonl as they finish and DIR/summary.json. Returns (summary, records)."""
+    """Play n examples x rollouts into DIR/rollouts.jsonl, DIR/summary.json; (summary, records)."""
     examples = env.examples(n, seed)
     old, path = [], None
     if out:
@@ -83,7 +84,7 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
                         pass  # a line cut by a crash: that episode is simply played again
         old = [r for r in old if r["index"] < n and r["rollout"] < rollouts]
     skip = {(r["index"], r["rollout"]) for r in old}
-    if path and resume:  # keep only the complete lines (a cut line never stays), swapped in whole: a kill loses none
+    if path and resume:  # rewrite only the complete lines, swapped in whole: a kill loses none
         with open(path + ".part", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in old)
         os.replace(path + ".part", path)
@@ -95,7 +96,8 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
             sink.flush()
     t0, tokens0 = time.time(), policy.gen_tokens
     try:
-        new = rollout(env, examples, policy, group=rollouts, on_done=write, progress=progress, skip=skip)
+        new = rollout(env, examples, policy, group=rollouts, on_done=write, progress=progress,
+                      skip=skip)
     finally:
         if sink:
             sink.close()
@@ -111,24 +113,21 @@ def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progres
 
 
 def evaluate_standard(env_name, env_args, policy, n, seed=10_000, out=None, envs=None):
-    """evaluate() under each of the environment module's EVAL_SETTINGS (env_args overrides), or once with env_args as given. Returns {setting: (summary, records)}; sft.py
-    and rl.py use it, with `envs`, a dict they keep, so that each setting's environment is built once a run (a
-    third-party one starts a worker process)."""
+    """{setting: evaluate()} under each of the environment's EVAL_SETTINGS (env_args overridden), or
+    once as given. Callers keep `envs` to build each once a run (third-party ones start workers)."""
     results, envs = {}, {} if envs is None else envs
     for name, opp in eval_settings(env_name).items():
         if name not in envs:
             envs[name] = load_env(env_name, {**env_args, **opp})
-        env = envs[name]
-        results[name] = evaluate(env, policy, n, seed=seed, out=os.path.join(out, f"eval_{name}") if out else None, progress=False)
+        results[name] = evaluate(envs[name], policy, n, seed=seed, progress=False,
+                                 out=os.path.join(out, f"eval_{name}") if out else None)
     return results
 
 
 # ----------------------------------------------------------------------------- training curves
-
-
 def stages_on_one_axis(stages):
-    """The metrics rows of [(name, metrics.jsonl)], each stage's steps shifted to start where the one before ended
-    (its last step: the next stage starts from weights of that run), and [(first step, name)] of the stages found."""
+    """Rows of [(name, metrics.jsonl)], each stage's steps shifted to start at the last step of the
+    one before (whose final weights it starts from), and [(first step, name)] of those found."""
     rows, starts, offset = [], [], 0
     for name, path in stages:
         stage = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
@@ -140,11 +139,10 @@ def stages_on_one_axis(stages):
 
 
 def plot_curves(stages, png, panels=None):
-    """Training curves as a PNG, when matplotlib is installed; returns whether drawn. stages: [(name,
-    metrics.jsonl of an rl.py run)], one after another on one step axis, their starts dotted.
-    Panels: the reward and its components, entropy, reply length, gradient norm; the evaluations'
-    mean reward per setting; then `panels` [(title, keys)] (an environment's curve_panels), else one
-    panel of every exploit_* key; integer counts on a symlog axis (from hundreds to 0)."""
+    """Training curves as a PNG if matplotlib is installed (returns whether drawn) of stages [(name,
+    rl.py metrics.jsonl)] on one step axis, starts dotted. Panels: reward, its components, entropy,
+    reply length, grad norm, eval mean reward per setting; then `panels` [(title, keys)] (an env's
+    curve_panels), else one of every exploit_* key; integer counts on symlog (hundreds to 0)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -152,7 +150,8 @@ def plot_curves(stages, png, panels=None):
     except ImportError:
         return False
     rows, starts = stages_on_one_axis(stages)
-    keys = lambda prefix, suffix="": list(dict.fromkeys(k for r in rows for k in r if k.startswith(prefix) and k.endswith(suffix)))
+    keys = lambda prefix, suffix="": list(dict.fromkeys(
+        k for r in rows for k in r if k.startswith(prefix) and k.endswith(suffix)))
     train = ["reward"] + keys("reward_") + ["entropy", "reply_len", "grad_norm"]
     verdicts = [k for k in keys("exploit_") if k != "exploit_s"
                 and all(isinstance(r.get(k, 0), (int, float)) for r in rows)]
@@ -167,7 +166,8 @@ def plot_curves(stages, png, panels=None):
         for k in panel:
             pts = [(r["step"], r[k]) for r in rows if k in r]
             if pts:
-                ax.plot(*zip(*pts), **({"linewidth": 0.8} if len(panel) == 1 else {"marker": "o", "markersize": 3, "label": k.split("_", 1)[1]}))
+                ax.plot(*zip(*pts), **({"linewidth": 0.8} if len(panel) == 1 else {
+                    "marker": "o", "markersize": 3, "label": k.split("_", 1)[1]}))
         ax.set_title(title, fontsize=9)
         if len(panel) > 1 and ax.lines:
             ax.legend(fontsize=7)
@@ -178,7 +178,8 @@ def plot_curves(stages, png, panels=None):
         for x, _ in starts[1:]:
             ax.axvline(x, color="grey", linewidth=0.6, linestyle=":")
     if len(starts) > 1:
-        fig.suptitle("stages (dotted lines), from step: " + ", ".join(f"{name} {x}" for x, name in starts), fontsize=10)
+        fig.suptitle("stages (dotted lines), from step: "
+                     + ", ".join(f"{name} {x}" for x, name in starts), fontsize=10)
     for ax in axes[len(panels):]:
         ax.axis("off")
     fig.tight_layout()
@@ -188,16 +189,14 @@ def plot_curves(stages, png, panels=None):
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
 def run_task(args, task, env_args, policy, out):
-    """One setting's episodes, or the exploit hook's verdict, with its summary printed and written to out."""
+    """One setting's episodes, or the exploit hook's verdict; its summary printed and saved."""
     task_env_args = {**env_args, **eval_settings(args.env).get(task, {})}
     env = load_env(args.env, task_env_args)
     if task == "exploit":
         summary, score, found = env.exploit(policy, out)
-        print(format_summary(summary, f"exploit hook on {args.model} (greedy): score {list(score)}, "
-                                      f"{len(found)} examples where it errs"))
+        print(format_summary(summary, f"exploit hook on {args.model} (greedy): "
+                                      f"score {list(score)}, {len(found)} examples where it errs"))
     else:
         summary, records = evaluate(env, policy, args.n, args.rollouts, args.seed, out, args.resume)
         for rec in records[:args.show]:
@@ -211,34 +210,37 @@ def run_task(args, task, env_args, policy, out):
 def main():
     p = add_policy_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     p.set_defaults(temp=0.0)
-    p.add_argument("-n", type=int, default=100, help="number of examples")
-    p.add_argument("-r", "--rollouts", type=int, default=1, help="rollouts per example")
-    p.add_argument("--setting", nargs="+", default=None, metavar="SETTING",
-                   help="evaluation settings the environment names in its EVAL_SETTINGS ; "
-                        "several (or one with --exploit) run one after the other on one loaded model, each into its own "
-                        "subdirectory of --out")
-    p.add_argument("--out", default=None, help="directory for summary.json and rollouts.jsonl")
-    p.add_argument("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
-    p.add_argument("--exploit", action="store_true", help="the environment's exploit(policy, out) hook "
-                   "on the greedy policy: its summary, and its report in --out")
-    p.add_argument("--show", type=int, default=2, help="transcripts to print")
+    add = p.add_argument
+    add("-n", type=int, default=100, help="number of examples")
+    add("-r", "--rollouts", type=int, default=1, help="rollouts per example")
+    add("--setting", nargs="+", default=None, metavar="SETTING", help="EVAL_SETTINGS names; several"
+        " (or one with --exploit) run in turn on one loaded model, each in a subdirectory of --out")
+    add("--out", default=None, help="directory for summary.json and rollouts.jsonl")
+    add("--resume", action="store_true", help="skip episodes already in DIR/rollouts.jsonl")
+    add("--exploit", action="store_true", help="the environment's exploit(policy, out) hook on "
+        "the greedy policy: its summary, and its report in --out")
+    add("--show", type=int, default=2, help="transcripts to print")
     args = p.parse_args()
-    check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"), "rollouts": (at_least(1), ">= 1"),
-                       "show": (at_least(0), ">= 0"), "out": (lambda d: d is None or can_write(d), "a directory you can write")})
+    check_flags(args, {**POLICY_FLAG_RULES, "n": (at_least(1), ">= 1"),
+                       "rollouts": (at_least(1), ">= 1"), "show": (at_least(0), ">= 0"),
+                       "out": (lambda d: d is None or can_write(d), "a directory you can write")})
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     env_args = dict(parse_env_args(args.env_args))
     if args.exploit and args.temp != 0:
         raise SystemExit("--exploit judges the greedy policy: use --temp 0")
-    # tasks: each setting's episodes, then the exploit hook; the model is loaded once for all of them
-    tasks = list(args.setting or ([] if args.exploit else [None])) + (["exploit"] if args.exploit else [])
+    # tasks: each setting's episodes, then the exploit hook; the model is loaded once for all
+    tasks = (list(args.setting or ([] if args.exploit else [None]))
+             + (["exploit"] if args.exploit else []))
     env = load_env(args.env, env_args)
     settings = eval_settings(args.env)
     unknown = sorted(set(args.setting or []) - set(settings))
     if unknown:
-        raise SystemExit(f"--setting {' '.join(unknown)}: {args.env} names the settings {', '.join(settings)}")
+        raise SystemExit(f"--setting {' '.join(unknown)}: "
+                         f"{args.env} names the settings {', '.join(settings)}")
     if args.exploit and not hasattr(env, "exploit"):
-        raise SystemExit(f"--exploit needs an environment with an exploit(policy, out) hook: {args.env!r} has none")
+        raise SystemExit("--exploit needs an environment with an exploit(policy, out) hook: "
+                         f"{args.env!r} has none")
     policy = policy_from_args(args, env)
     for task in tasks:
         out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
@@ -249,5 +251,6 @@ def main():
 
 
 if __name__ == "__main__":
-    with disk_full_says_what_is_kept("The finished rows in --out's rollouts.jsonl are kept: free space, then rerun with --resume."):
+    with disk_full_says_what_is_kept("The finished rows in --out's rollouts.jsonl are kept: "
+                                     "free space, then rerun with --resume."):
         main()

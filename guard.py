@@ -1,17 +1,16 @@
 """
-A guard for third-party environment code (reasoning-gym, TextArena, Verifiers): the environment lives in a worker
-process, and every call into it (load, examples, reset, step, scoring, scripted players) runs under a time limit
-and, where the platform has one, a memory limit. A reply that hangs a scorer, a library that crashes or eats the
-memory, costs its episode (0 on every reward, metric `error` 1, and `timeout` 1 where the time ran out), never the
-run: the worker is killed, a new one started, and the other live episodes are rebuilt in it by replaying their
-replies (an environment must be deterministic given its example and replies, as the contract already asks).
+A guard for third-party environment code (reasoning-gym, TextArena, Verifiers): it runs in a worker
+process, each call into it (load, examples, reset, step, scoring, scripted players) under a time
+limit and, where the platform has one, a memory limit. A reply that hangs a scorer, a library that
+crashes or eats the memory, costs its episode (every reward 0, metric `error` 1, `timeout` 1 if time
+ran out), never the run: the worker is killed, a new one started, and the other live episodes are
+rebuilt in it by replaying their replies (an environment must be deterministic given its replies).
 
-    env = Guarded("env_textarena:TextArena", {"game": "Set-v0"}, timeout=30)   # what load_environment returns
+    env = Guarded("env_textarena:TextArena", {"game": "Set-v0"}, timeout=30)  # load_environment()
 
-The worker is a fresh interpreter (`python guard.py`) that imports only the environment's module, never torch; the
-two talk JSON lines over pipes, so nothing but JSON crosses (the worker's own prints go to /dev/null). Its signal
-handlers, atexit hooks, process pools and global random state are its own: a library that installs handlers for
-SIGTERM cannot change how the trainer stops.
+The worker, a fresh interpreter (`python guard.py`), imports only the environment's module, never
+torch; only JSON lines cross the pipes (prints go to /dev/null). Its signal handlers, atexit hooks,
+pools and random state are its own: a library's SIGTERM handler can't change how the trainer stops.
 """
 import importlib
 import importlib.util
@@ -22,23 +21,23 @@ import subprocess
 import sys
 import time
 
-LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment and play the probe episode
+LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment, play the probe episode
 
 
 def import_source(where):
-    """A module by its import name, or from a .py file: third-party code (an environment, a scripted teacher) as a
-    user names it."""
+    """A user-named module, by import name or .py path: an environment, a scripted teacher."""
     if not where.endswith(".py"):
         return importlib.import_module(where)
-    spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3].replace("-", "_"), where)
+    name = os.path.basename(where)[:-3].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, where)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 class Guarded:
-    """The environment contract (README) over a worker process running FACTORY(**kwargs), FACTORY "module:callable".
-    `timeout`: seconds a call may take; `memory_mb`: the worker's address-space limit (None: none)."""
+    """The environment contract (README) over a worker running FACTORY "module:callable"(**kwargs);
+    `timeout`: seconds a call may take; `memory_mb`: its address-space limit (None: none)."""
 
     def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384):
         self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
@@ -51,16 +50,16 @@ class Guarded:
         self.scripted_players = tuple(info["scripted_players"])
 
     # ------------------------------------------------------------------------- the worker
-
     def _start(self):
-        # its stderr is the run's: warnings and tracebacks show, the datasets library's progress bars do not
+        # its stderr is the run's: warnings and tracebacks show, the datasets progress bars do not
         quiet = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0, env=quiet)
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=quiet,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.buffer, self.generation = b"", self.generation + 1
-        init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb, "path": sys.path}
+        init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb,
+                "path": sys.path}
         kind, value = self._call("init", init, timeout=LOAD_TIMEOUT)
-        if kind in ("ValueError", "TypeError"):  # bad arguments: load_env says so as it does for our own environments
+        if kind in ("ValueError", "TypeError"):  # bad arguments: load_env says so, as for our own
             self._kill()
             raise {"ValueError": ValueError, "TypeError": TypeError}[kind](value)
         if kind != "ok":
@@ -79,8 +78,8 @@ class Guarded:
             self.proc = None
 
     def _call(self, op, arg, timeout=None):
-        """(kind, value): ("ok", result), (exception name, message) where the call raised, ("timeout", ...) or
-        ("crash", ...) where the worker overran or died (it is then gone; the next call starts another)."""
+        """(kind, value): ("ok", result), (exception name, message) if the call raised, ("timeout",
+        ...) or ("crash", ...) if the worker overran or died (the next call then starts another)."""
         if self.proc is None:
             self._start()
         start, limit = time.perf_counter(), timeout or self.timeout
@@ -101,12 +100,13 @@ class Guarded:
             self.proc = None
             return "crash", f"the worker died in {op} (exit code {code}; out of memory?)"
         finally:
-            self.calls, self.call_seconds = self.calls + 1, self.call_seconds + time.perf_counter() - start
+            self.calls += 1
+            self.call_seconds += time.perf_counter() - start
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
     def _episode_call(self, state, op, arg):
-        """A call for one live episode; the episode is rebuilt first in a worker that is not the one it started in."""
+        """A call for one live episode, first rebuilt if the worker is not the one it began in."""
         if state["generation"] != self.generation or self.proc is None:
             if not self._replay(state):
                 return "crash", "could not be rebuilt after a restart"
@@ -128,17 +128,18 @@ class Guarded:
         return kind == "ok"
 
     # ------------------------------------------------------------------------- the contract
-
     def examples(self, n, seed=0):
         kind, value = self._call("examples", [n, seed], timeout=max(self.timeout, LOAD_TIMEOUT))
         if kind != "ok":
-            raise RuntimeError(f"{self.factory}: examples({n}, seed={seed}) failed in its worker: {value}")
+            raise RuntimeError(f"{self.factory}: examples({n}, seed={seed}) failed in its worker: "
+                               f"{value}")
         return value
 
     def reset(self, example):
         self.next_id += 1
-        state = {"id": self.next_id, "guard": self, "example": example, "replies": [], "generation": self.generation,
-                 "done": False, "error": None, "rewards": None, "metrics": None, "describe": None}
+        state = {"id": self.next_id, "guard": self, "example": example, "replies": [],
+                 "generation": self.generation, "done": False, "error": None, "rewards": None,
+                 "metrics": None, "describe": None}
         self.live[state["id"]] = state
         kind, value = self._episode_call(state, "reset", [state["id"], example])
         if kind != "ok":
@@ -162,9 +163,10 @@ class Guarded:
         return None
 
     def _fail(self, state, kind, message):
-        """End the episode as an error: 0 on every reward, the environment's metrics 0, `error` (and `timeout`) 1."""
+        """End the episode as an error: every reward and metric 0, `error` (and `timeout`) 1."""
         state.update(done=True, error=f"{kind}: {message}", describe=f"{kind}: {message}",
-                     rewards={k: 0.0 for k in self.reward_names}, metrics={k: 0.0 for k in self.metric_names})
+                     rewards={k: 0.0 for k in self.reward_names},
+                     metrics={k: 0.0 for k in self.metric_names})
         self.live.pop(state["id"], None)
         if kind not in ("timeout", "crash"):  # the worker is alive: let it drop the episode
             self._call("drop", state["id"])
@@ -187,7 +189,7 @@ class Guarded:
         if kind != "ok":
             raise ValueError(value)
 
-        def player(state):  # the episode's own environment plays it (eval.py plays with another instance's player)
+        def player(state):  # the episode's own guard plays: eval.py uses another instance's player
             if state["done"]:
                 return ""
             kind, value = state["guard"]._episode_call(state, "play", [state["id"], name])
@@ -202,8 +204,6 @@ class Guarded:
 
 
 # ----------------------------------------------------------------------------- the worker's side
-
-
 def _serve(proto):
     """Answer [op, arg] lines from stdin on `proto` until stdin closes."""
     env, states, players = None, {}, {}
@@ -234,7 +234,7 @@ def _serve(proto):
                               env.describe(state) if hasattr(env, "describe") else None]
             elif op == "drop":
                 result = states.pop(arg, None) and None
-            elif op in ("player", "play"):  # "player" checks the name, "play" plays (after a restart too)
+            elif op in ("player", "play"):  # "player" checks, "play" plays (also after a restart)
                 if arg[-1] not in players:
                     players[arg[-1]] = env.scripted_player(arg[-1])
                 result = players[arg[-1]](states[arg[0]]) if op == "play" else None
@@ -255,21 +255,21 @@ def _floats(d):
 
 
 def _describe_env(env):
-    """What the parent needs to know of the environment, and its reward and metric names from a probe episode
-    (blank replies): an episode that fails later still reports the same names."""
+    """What the parent needs to know of the environment, with its reward and metric names from a
+    probe episode (blank replies): an episode that fails later still reports the same names."""
     state, _ = env.reset(env.examples(1, seed=0)[0])
     for _ in range(env.max_turns):
         if env.step(state, "") is None:
             break
-    return {"system_prompt": env.system_prompt, "max_turns": env.max_turns, "reward_weights": env.reward_weights,
-            "tools": getattr(env, "tools", None), "reward_names": list(env.rewards(state)),
-            "metric_names": list(_metrics(env, state)),
+    return {"system_prompt": env.system_prompt, "max_turns": env.max_turns,
+            "reward_weights": env.reward_weights, "tools": getattr(env, "tools", None),
+            "reward_names": list(env.rewards(state)), "metric_names": list(_metrics(env, state)),
             "scripted_players": list(getattr(env, "scripted_players", ()))}
 
 
 if __name__ == "__main__":
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops the worker itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it stops the worker
     proto = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # the library's prints, and ours, never reach the protocol

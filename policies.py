@@ -1,8 +1,5 @@
-"""
-The policies besides a local Hugging Face model (sample.HFPolicy), for eval.py and sft.py's teachers: APIPolicy, an
-OpenAI-compatible endpoint (concurrent requests, retries with backoff, a seed per request); ScriptedPolicy, the
-environment's own scripted players (its `scripted_players`); make_policy, a --model string to one.
-"""
+"""Policies besides a local Hugging Face model (sample.HFPolicy), for eval.py and sft.py's teachers:
+an OpenAI-compatible API and scripted players; make_policy picks one from a --model string."""
 import concurrent.futures
 import json
 import os
@@ -14,55 +11,52 @@ from common import TRAIN_FLAG_RULES, at_least, load_model, non_negative
 from guard import import_source
 from sample import HFPolicy
 
-# ----------------------------------------------------------------------------- an OpenAI-compatible server
 
-
+# ------------------------------------------------------------------ an OpenAI-compatible server
 class APIError(RuntimeError):
-    """The server refused a request, or stayed unreachable through every retry; the message says what to change."""
+    """Refused by the server or unreachable through all retries; the message says what to change."""
 
 
 class APIPolicy:
-    """Chat completions from an OpenAI-compatible server; the key comes from the variable named by key_env. A server
-    takes text, not tokens: it re-tokenizes the conversation every turn. A reasoning parser's separate <think> field
-    is put back, so the reply is scored, shown and sent back as the model wrote it."""
-    RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
-    REASONING_FIELDS = ("reasoning_content", "reasoning")  # transformers serve and vLLM; some hosted APIs
+    """Chat completions from an OpenAI-compatible server: concurrent requests, retries with backoff,
+    a seed per request. A server takes text, not tokens: it re-tokenizes it all each turn."""
+    RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}  # timeouts, rate limits, server errors
+    REASONING_FIELDS = ("reasoning_content", "reasoning")  # transformers serve, vLLM; hosted APIs
 
-    def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024, concurrency=16,
-                 top_p=1.0, seed=0, send_seed=True, retries=6, timeout=120.0, backoff=1.0, tools=None):
+    def __init__(self, model, api_base, key_env="OPENAI_API_KEY", temp=1.0, max_new_tokens=1024,
+                 concurrency=16, top_p=1.0, seed=0, send_seed=True, retries=6, timeout=120.0,
+                 backoff=1.0, tools=None):
         import openai
-        self.openai, self.model, self.temp, self.top_p, self.max_new_tokens = openai, model, temp, top_p, max_new_tokens
+        self.openai, self.model, self.temp, self.top_p = openai, model, temp, top_p
         self.client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env) or "EMPTY",
                                     max_retries=0, timeout=timeout)
-        self.api_base, self.concurrency, self.retries, self.backoff = api_base, concurrency, retries, backoff
-        self.seed, self.send_seed, self.tools = seed, send_seed, tools
-        self.gen_tokens, self.lock = 0, threading.Lock()
+        self.max_new_tokens, self.api_base, self.tools = max_new_tokens, api_base, tools
+        self.concurrency, self.retries, self.backoff = concurrency, retries, backoff
+        self.seed, self.send_seed, self.gen_tokens, self.lock = seed, send_seed, 0, threading.Lock()
 
     def __call__(self, episodes):
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda ep: self._one(ep["messages"], self._request_seed(ep)) if ep.get("force") is None
-                                 else ep["force"], episodes))
+            return list(pool.map(lambda ep: self._one(ep["messages"], self._request_seed(ep))
+                                 if ep.get("force") is None else ep["force"], episodes))
 
     def _request_seed(self, ep):
-        """A function of the run's seed, the episode and its turn: a rerun sends the same requests, whatever the order
-        in which the server answers them."""
+        """Keyed by (seed, episode, rollout, turn): a rerun sends the same, in any answer order."""
         turn = sum(m["role"] == "assistant" for m in ep["messages"])
         return random.Random(f"{self.seed}/{ep['index']}/{ep['rollout']}/{turn}").randrange(2**31)
 
     def _one(self, messages, seed):
-        # a tool's result goes as a user message: an API's tool role needs the id of a structured tool call, and
-        # the tool calls here are text in the reply
+        # a tool result goes as a user message: an API's tool role needs an id our text calls lack
         sent = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
-        sampling = {"temperature": self.temp, "max_tokens": self.max_new_tokens}
+        opts = {"temperature": self.temp, "max_tokens": self.max_new_tokens}
         if self.top_p < 1.0:  # not sent at 1.0: some servers refuse top_p for some models
-            sampling["top_p"] = self.top_p
+            opts["top_p"] = self.top_p
         if self.send_seed:
-            sampling["seed"] = seed
-        if self.tools:  # an environment's tools (a Verifiers ToolEnv's), offered as a local model gets them
-            sampling["tools"] = self.tools
+            opts["seed"] = seed
+        if self.tools:  # an environment's tools (a Verifiers ToolEnv's), as a local model gets them
+            opts["tools"] = self.tools
         for attempt in range(self.retries + 1):
             try:
-                resp = self.client.chat.completions.create(model=self.model, messages=sent, **sampling)
+                resp = self.client.chat.completions.create(model=self.model, messages=sent, **opts)
                 with self.lock:
                     self.gen_tokens += getattr(resp.usage, "completion_tokens", 0) or 0
                 return self._as_written(resp.choices[0].message)
@@ -73,33 +67,36 @@ class APIPolicy:
                     raise APIError(f"API error {status} from {self.api_base} for model {self.model!r}: "
                                    f"{reason}. {self._what_to_change(reason, status)}") from e
                 if attempt == self.retries:
-                    raise APIError(f"API at {self.api_base} still failing after {self.retries + 1} attempts "
-                                   f"({type(e).__name__}: {server_reason(e)}). Is the server up? Retry later; "
-                                   "finished rollouts are kept (eval.py --resume continues).") from e
+                    raise APIError(f"API at {self.api_base} still failing after "
+                                   f"{self.retries + 1} attempts ({type(e).__name__}: "
+                                   f"{server_reason(e)}). Is the server up? Retry later; finished "
+                                   "rollouts are kept (eval.py --resume continues).") from e
                 time.sleep(min(self.backoff * 2 ** attempt, 30.0) * (0.5 + random.random()))
 
     def _as_written(self, message):
-        """The reply as the model wrote it: a server's reasoning parser moves <think> to its own field, and a
-        tool-call parser moves <tool_call> blocks to tool_calls (rebuilt in the Hermes/Qwen3 format)."""
-        reasoning = next((r for r in (getattr(message, f, None) for f in self.REASONING_FIELDS) if r), None)
-        calls = "".join(f'<tool_call>{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments}}}</tool_call>'
+        """The reply as written, to be scored, shown and resent: <think> and <tool_call> blocks (as
+        Hermes/Qwen3 write them) back from the fields a server's parsers move them to."""
+        think = next(filter(None, (getattr(message, f, None) for f in self.REASONING_FIELDS)), None)
+        calls = "".join(f'<tool_call>{{"name": {json.dumps(c.function.name)}, '
+                        f'"arguments": {c.function.arguments}}}</tool_call>'
                         for c in (getattr(message, "tool_calls", None) or []))
-        return (f"<think>{reasoning}</think>" if reasoning else "") + (message.content or "") + calls
+        return (f"<think>{think}</think>" if think else "") + (message.content or "") + calls
 
     def _what_to_change(self, reason, status):
         reason = reason.lower()
         if "seed" in reason and self.send_seed:
-            return "The server refuses the `seed` parameter: rerun with --no_api_seed (its games are then not reproducible)."
+            return ("The server refuses the `seed` parameter: rerun with --no_api_seed "
+                    "(its games are then not reproducible).")
         if "top_p" in reason and self.top_p < 1.0:
             return "The server refuses the `top_p` parameter: rerun with --top_p 1 (it is then not sent)."
         if status in (401, 403):
             return "Check the key in the environment variable that --api_key_env names."
-        return (f"--model must be the name the server serves (GET {self.api_base.rstrip('/')}/models lists them); "
-                "check --api_base and the key in --api_key_env.")
+        return (f"--model must be the name the server serves (GET {self.api_base.rstrip('/')}/"
+                "models lists them); check --api_base and the key in --api_key_env.")
 
 
 def server_reason(e):
-    """The server's own explanation of an error, on one line: the body's message or detail, else the exception's text."""
+    """The server's explanation of an error on one line: the body's message or detail, or str(e)."""
     body = getattr(e, "body", None)
     if isinstance(body, dict):
         body = body.get("error", body)
@@ -109,9 +106,7 @@ def server_reason(e):
     return " ".join(text.split())[:400].rstrip(".")
 
 
-# ----------------------------------------------------------------------------- the environment's scripted players
-
-
+# ------------------------------------------------------------ the environment's scripted players
 class ScriptedPolicy:
     """One of the environment's scripted players (its `scripted_players`), by name."""
 
@@ -123,13 +118,13 @@ class ScriptedPolicy:
         self.gen_tokens = 0
 
     def __call__(self, episodes):
-        return [self.player(ep["state"]) if ep.get("force") is None else ep["force"] for ep in episodes]
+        return [self.player(ep["state"]) if ep.get("force") is None else ep["force"]
+                for ep in episodes]
 
 
 class FunctionPolicy:
-    """A scripted player given as "module:function" (or "path/file.py:function"): a function from the conversation so
-    far (a list of {"role", "content"} messages, the system prompt first) to the reply text. Any environment's teacher,
-    a Verifiers environment's included: it sees only what the model would see."""
+    """A scripted player given as "module:function" or "path/file.py:function": the conversation so
+    far ({"role", "content"} messages) -> the reply. It sees only what the model would see."""
 
     def __init__(self, spec):
         where, _, name = spec.rpartition(":")
@@ -143,50 +138,48 @@ class FunctionPolicy:
         self.gen_tokens = 0
 
     def __call__(self, episodes):
-        return [self.function([dict(m) for m in ep["messages"]]) if ep.get("force") is None else ep["force"]
-                for ep in episodes]
+        return [self.function([dict(m) for m in ep["messages"]]) if ep.get("force") is None
+                else ep["force"] for ep in episodes]
 
 
 def is_function_spec(model):
-    """A --model/--teacher string naming a Python function ("module:function"), not a hub id or a directory."""
+    """A --model/--teacher naming a Python function ("module:function"), not a hub id or a dir."""
     return ":" in model and "://" not in model and not os.path.isdir(model)
 
 
 def make_policy(model, env, device="auto", temp=1.0, top_p=1.0, max_new_tokens=128, batch_size=256,
                 api_base=None, api_key_env="OPENAI_API_KEY", concurrency=16, seed=0, send_seed=True,
                 engine="auto"):
-    """A policy from a --model string: a scripted player name, an API model (with api_base), or an HF model."""
+    """A policy from a --model string: a function, scripted player, API model or HF model."""
     if is_function_spec(model):
         return FunctionPolicy(model)
     if model in getattr(env, "scripted_players", ()) and not os.path.isdir(model):
         return ScriptedPolicy(env, model)
     if api_base:
-        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p, seed, send_seed,
-                         tools=getattr(env, "tools", None))
+        return APIPolicy(model, api_base, api_key_env, temp, max_new_tokens, concurrency, top_p,
+                         seed, send_seed, tools=getattr(env, "tools", None))
     try:
         lm, tokenizer = load_model(model, device)
     except SystemExit as e:  # perhaps meant as a scripted player: say which the environment has
         players = ", ".join(getattr(env, "scripted_players", ())) or "none"
         raise SystemExit(f"{e} (this environment's scripted players: {players})") from None
-    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size, seed=seed, engine=engine,
-                    tools=getattr(env, "tools", None))
+    return HFPolicy(lm, tokenizer, env.system_prompt, temp, top_p, max_new_tokens, batch_size,
+                    seed=seed, engine=engine, tools=getattr(env, "tools", None))
 
 
-# ----------------------------------------------------------------------------- a policy from the command line
-
-
+# -------------------------------------------------------------- a policy from the command line
 def add_policy_args(p):
-    """Flags shared by the scripts that play episodes with any policy (eval.py, an environment's own CLI)."""
-    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained directory, an API model name with "
-                   "--api_base, a scripted player of the environment, or a function module:function (conversation -> reply)")
+    """Flags of the scripts that play episodes with any policy (eval.py, an environment's CLI)."""
+    p.add_argument("--model", default="out/sft", help="hub id or save_pretrained dir, an API model "
+                   "with --api_base, a scripted player or module:function (conversation -> reply)")
     p.add_argument("--env", default="tictactoe", help="environment NAME: imports env_NAME.py")
     p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
     p.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling threshold")
     p.add_argument("--max_new_tokens", type=int, default=128, help="max generated tokens per turn")
-    p.add_argument("--batch_size", type=int, default=256, help="max episodes per rollout batch (bounds the KV cache's memory)")
-    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto", help="HF models: the rollout engine, hf "
-                   "(generate(), the reference) or fast (engine.py); auto: fast wherever it holds the model's layers")
+    p.add_argument("--batch_size", type=int, default=256, help="max episodes per rollout batch (bounds KV memory)")
+    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto", help="HF rollout "
+                   "engine: hf (generate(), reference), fast (engine.py); auto: fast where it fits")
     p.add_argument("--seed", type=int, default=0, help="seed for examples and sampling")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     return add_api_args(p)
@@ -194,26 +187,26 @@ def add_policy_args(p):
 
 def add_api_args(p, who="--model"):
     """The flags of an API model (eval.py's --model, sft.py's --teacher)."""
-    p.add_argument("--api_base", default=None, help=f"OpenAI-compatible base URL; {who} is then the served model name")
-    p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="name of the environment variable holding the API key")
+    p.add_argument("--api_base", default=None,
+                   help=f"OpenAI-compatible base URL; {who} is then the served model name")
+    p.add_argument("--api_key_env", default="OPENAI_API_KEY", help="env var holding the API key")
     p.add_argument("--concurrency", type=int, default=16, help="max concurrent API requests")
-    p.add_argument("--no_api_seed", action="store_true", help="API models: send no per-request seed (for a server that "
-                   "refuses one; its sampled games are then not reproducible)")
+    p.add_argument("--no_api_seed", action="store_true", help="API models: send no per-request "
+                   "seed (for a server that refuses one; its games are then not reproducible)")
     return p
 
 
-POLICY_FLAG_RULES = {  # the flags of add_policy_args: (test, what the value must be), checked by check_flags
+POLICY_FLAG_RULES = {  # add_policy_args' flags: (test, what the value must be), for check_flags
     "temp": (non_negative, "a finite number >= 0 (0: greedy)"),
     "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
     "max_new_tokens": (at_least(1), ">= 1"),
     "batch_size": (at_least(1), ">= 1"),
     "concurrency": (at_least(1), ">= 1"),
-    "device": TRAIN_FLAG_RULES["device"],
-    "seed": TRAIN_FLAG_RULES["seed"],
+    "device": TRAIN_FLAG_RULES["device"], "seed": TRAIN_FLAG_RULES["seed"],  # as the trainers'
 }
 
 
 def policy_from_args(args, env, temp=None):
-    return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p, args.max_new_tokens,
-                       args.batch_size, args.api_base, args.api_key_env, args.concurrency,
-                       args.seed, not args.no_api_seed, args.engine)
+    return make_policy(args.model, env, args.device, args.temp if temp is None else temp, args.top_p,
+                       args.max_new_tokens, args.batch_size, args.api_base, args.api_key_env,
+                       args.concurrency, args.seed, not args.no_api_seed, args.engine)

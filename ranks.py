@@ -1,49 +1,47 @@
-"""
-Several processes (torchrun) for sft.py and rl.py: one process per GPU, each holding the whole model and optimizer and
-working on its share of each step's batch, the gradients summed over the ranks before an identical optimizer step
-everywhere (docs/DISTRIBUTED.md). Launched without torchrun there is no process group, and each function does nothing.
-"""
+"""Several processes (torchrun) for sft.py and rl.py, one per GPU, each with the whole model and
+optimizer and its share of each step's batch, the gradients summed over the ranks before identical
+optimizer steps everywhere (docs/DISTRIBUTED.md). Without torchrun each function does nothing."""
 import contextlib
 import os
 
 import torch
 
-# under torchrun: seconds a rank waits for the others (at a gradient all-reduce, or while rank 0 evaluates, saves or plays
-# teacher games) before it stops with an error instead of hanging
+# seconds a rank waits for the others (e.g. rank 0 evaluating or saving) before it fails, not hangs
 DIST_TIMEOUT_S = float(os.environ.get("DIST_TIMEOUT", 1800))
 
 
 def start_ranks(device, timeout_s=DIST_TIMEOUT_S):
-    """(rank, world size, device) of this process. Under torchrun: join the process group (NCCL on GPUs, gloo on
-    CPU) and take the GPU of LOCAL_RANK; alone: (0, 1, device)."""
+    """(rank, world size, device); under torchrun, in the process group, on LOCAL_RANK's GPU."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return 0, 1, device
     import datetime
-    import torch.distributed as dist
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     if device.startswith("cuda"):
         if ":" in device:
-            raise SystemExit(f"--device {device}: under torchrun each rank takes the GPU of its LOCAL_RANK; use --device auto or cuda")
+            raise SystemExit(f"--device {device}: under torchrun each rank takes the GPU of its "
+                             "LOCAL_RANK; use --device auto or cuda")
         if local >= torch.cuda.device_count():
-            raise SystemExit(f"rank {rank} (LOCAL_RANK {local}) has no GPU: this node has {torch.cuda.device_count()}; "
-                             "start at most that many processes per node (torchrun --nproc_per_node)")
+            raise SystemExit(f"rank {rank} (LOCAL_RANK {local}) has no GPU: this node has "
+                             f"{torch.cuda.device_count()}; start at most that many processes "
+                             "per node (torchrun --nproc_per_node)")
         device = f"cuda:{local}"
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo",
+                                         timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world, device
 
 
 def my_share(n_examples, group, rank, world):
-    """(first, end): the step's examples this rank rolls out, whole groups, the same number on every rank."""
+    """(first, end): the step's examples this rank rolls out, whole groups, as many per rank."""
     if n_examples % world:
-        raise SystemExit(f"--batch {n_examples * group} is {n_examples} examples x --group {group}: that cannot be split "
-                         f"evenly over {world} ranks in whole groups; make --batch a multiple of {world} x {group} = {world * group}")
+        raise SystemExit(f"--batch {n_examples * group} is {n_examples} examples x --group "
+                         f"{group}: that cannot be split evenly over {world} ranks in whole "
+                         f"groups; make --batch a multiple of {world} x {group} = {world * group}")
     return rank * n_examples // world, (rank + 1) * n_examples // world
 
 
 def stop_ranks():
-    """The end of a run: every rank waits for rank 0's last evaluation and save, then leaves the process group
-    together (a rank that left while another still used the group could abort it)."""
+    """End of a run: all ranks wait for rank 0's last save (leaving a group in use can abort it)."""
     if _distributed():
         wait_for_rank0("end of the run")
         torch.distributed.destroy_process_group()
@@ -55,13 +53,15 @@ def _distributed():
 
 @contextlib.contextmanager
 def _together(what):
-    """A collective call: a rank that died or fell more than DIST_TIMEOUT seconds behind ends it with one clear line."""
     try:
         yield
     except (RuntimeError, torch.distributed.DistError) as e:
-        raise SystemExit(f"rank {torch.distributed.get_rank()}: another rank stopped, or did not reach the {what} within "
-                         f"DIST_TIMEOUT ({DIST_TIMEOUT_S:g} s): stopping too (the first error above, from the rank that failed, "
-                         f"says why; raise the environment variable DIST_TIMEOUT if rank 0 was only busy evaluating or saving).\n  ({str(e).splitlines()[0][:300]})") from None
+        raise SystemExit(
+            f"rank {torch.distributed.get_rank()}: another rank stopped, or did not reach the "
+            f"{what} within DIST_TIMEOUT ({DIST_TIMEOUT_S:g} s): stopping too (the first error "
+            "above, from the rank that failed, says why; raise the environment variable "
+            "DIST_TIMEOUT if rank 0 was only busy evaluating or saving).\n  "
+            f"({str(e).splitlines()[0][:300]})") from None
 
 
 def sum_over_ranks(values):
@@ -76,10 +76,7 @@ def sum_over_ranks(values):
 
 
 def sum_gradients(model):
-    """Sum every parameter's gradient over the ranks, in place. Each rank's loss was already divided by the whole
-    batch's normaliser, so the sum is the gradient of the whole batch, the one a single process computes. (An
-    explicit all-reduce rather than DistributedDataParallel: the model is also the rollouts' sampler, which must
-    see it unwrapped, and an RL step spends its time in the rollouts, not here.)"""
+    """Sum each gradient over the ranks in place (each loss used the whole batch's normaliser)."""
     if not _distributed():
         return
     params = [p for p in model.parameters() if p.requires_grad]
@@ -92,7 +89,7 @@ def sum_gradients(model):
 
 
 def gather_from_ranks(obj):
-    """[obj of rank 0, obj of rank 1, ...] on every rank ([obj] alone): small Python objects only."""
+    """[obj of rank 0, obj of rank 1, ...] on every rank ([obj] alone): small Python objects."""
     if not _distributed():
         return [obj]
     out = [None] * torch.distributed.get_world_size()
@@ -102,7 +99,6 @@ def gather_from_ranks(obj):
 
 
 def from_rank0(obj):
-    """Rank 0's obj, on every rank (obj itself alone)."""
     if not _distributed():
         return obj
     box = [obj]
@@ -112,8 +108,7 @@ def from_rank0(obj):
 
 
 def check_ranks_agree(model):
-    """Stop, on every rank, if the ranks' weights are not all the same (which summed gradients and identical optimizer
-    steps guarantee, so a difference means a bug or a non-deterministic kernel; a checkpoint would hold rank 0's)."""
+    """Stop on every rank if the ranks' weights differ: a bug or a non-deterministic kernel."""
     if not _distributed():
         return
     fingerprint = [sum(float(p.detach().double().abs().sum()) for p in model.parameters()),
@@ -124,7 +119,7 @@ def check_ranks_agree(model):
 
 
 def wait_for_rank0(what):
-    """Every rank waits here until rank 0 has done `what` (e.g. written the files the others read next)."""
+    """Every rank waits here until rank 0 has done `what` (e.g. written what the others read)."""
     if _distributed():
         with _together(what):
             torch.distributed.barrier()

@@ -1,37 +1,34 @@
 """
 RL with verifiable rewards: a readable GRPO/CISPO loop for one GPU.
 
-    python rl.py --batch 256 --temp 1.1        # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
+    python rl.py --batch 256 --temp 1.1     # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
     python rl.py --env reverse --batch 64 --group 8 --max_new_tokens 32 --model out/sft_reverse
-    torchrun --standalone --nproc_per_node 8 rl.py --batch 256 --temp 1.1   # 8 GPUs, same global batch
-    # CPU smoke run that trains (docs/FIRST_ENV.md: env_digits.py, a tiny model in one command)
-    python sft.py --model scratch --env digits --teacher oracle --max_steps 60 --out /tmp/digits_sft
-    python rl.py --model /tmp/digits_sft --env digits --batch 16 --group 4 --steps 3 --lr 1e-3 \\
-        --max_new_tokens 8 --eval_every 0 --out /tmp/digits_rl
+    torchrun --standalone --nproc_per_node 8 rl.py --batch 256 --temp 1.1   # 8 GPUs, same batch
+    # CPU smoke run that trains (README, "Your first environment": env_add.py)
+    python sft.py --model scratch --env add --max_steps 400 --eval_every 0 --out /tmp/add_sft
+    python rl.py --model /tmp/add_sft --env add --batch 64 --group 8 --steps 5 --lr 5e-5 \\
+        --max_new_tokens 12 --eval_every 0 --eval_n 50 --out /tmp/add_rl
 
 One step, in the order of this file:
-  1. rollouts: batch/group examples (consecutive ones balance difficulty), each rolled out `group`
-     times at --temp; each draw is keyed by (--seed, episode, rollout, turn), so the rollouts do not
-     depend on --gen_batch or the number of ranks. --dynamic_sampling K (DAPO) replaces groups of
-     equal rewards by informative groups of up to K more draws;
-  2. group advantages: A = R - mean(R of its group) (--scale_rewards group: / its std, as in GRPO);
-  3. the loss on the sampled tokens only (the trajectory's `mask`), recomputed from the rollouts'
-     exact token ids with the logits divided by the temperature: cispo, grpo or gspo (policy_loss),
-     averaged per token, per episode or by a constant (loss_weights: Dr. GRPO);
+  1. rollouts: batch/group examples, each rolled out `group` times at --temp, every draw keyed by
+     (--seed, episode, rollout, turn), so rollouts depend on neither --gen_batch nor the ranks;
+     --dynamic_sampling (DAPO) replaces groups of equal rewards by informative ones;
+  2. group advantages: A = R - mean(R of its group) (--scale_rewards group: / its std, as GRPO);
+  3. the loss on the sampled tokens only (the trajectory's `mask`), recomputed from the exact
+     token ids at the sampling temperature: cispo, grpo or gspo (policy_loss), averaged per token,
+     per episode or by a constant (loss_weights);
   4. the update: one optimizer step per batch (--minibatch / --ppo_epochs for several);
-  5. the loop: log, evaluate, checkpoint, and with --exploit the environment's exploiter.
+  5. the loop: log, evaluate, checkpoint; --exploit runs the environment's exploiter.
 Simplifications, on purpose:
-  1. on-policy by default: one optimizer step per batch, so r = 1 and every loss is REINFORCE with a
-     group-mean baseline;
-  2. one advantage for every token of an episode: no per-turn credit, no value function, no discount;
+  1. on-policy by default (one optimizer step per batch: r = 1, REINFORCE with a group baseline);
+  2. one advantage for every token of an episode: no per-turn credit, no value function;
   3. no KL penalty unless --beta > 0, no entropy bonus;
   4. rollouts on the training weights (sample.py: no vLLM, no async);
   5. a reply the environment forces (its forced_reply hook) is trained like a sampled one;
   6. episodes of advantage 0 skip the backward pass but count in the normaliser;
-  7. under torchrun each rank rolls out its share of the examples and the gradients are summed, so N
-     ranks take the update one process takes (with --dynamic_sampling each rank fills its own share).
-Writes DIR (out/rl): metrics.jsonl, curves.png, evaluations, checkpoints (save_pretrained +
-trainer_state.pt).
+  7. under torchrun each rank rolls out its share and the gradients are summed: N ranks take one
+     process's update (with --dynamic_sampling each rank fills its own share).
+Writes DIR (out/rl): metrics.jsonl, curves.png, evaluations, checkpoints (+ trainer_state.pt).
 """
 import argparse
 import math
@@ -58,22 +55,22 @@ EXTRA_DRAW = 1 << 40  # --dynamic_sampling: the k-th extra draw's episodes are n
 
 
 def sample_rollouts(env, examples, policy, group, first_index):
-    """`group` rollouts of every example, numbered from first_index (a number no other example of
-    the run has: an episode's draws are keyed by it)."""
-    hint = f"in the rollouts: lower --gen_batch (now {policy.batch_size}) or --max_new_tokens"
-    with out_of_memory_says(hint):
+    """`group` rollouts of every example, numbered from first_index (no other example of the run
+    has that number: an episode's draws are keyed by it)."""
+    with out_of_memory_says(f"in the rollouts: lower --gen_batch (now {policy.batch_size}) "
+                            "or --max_new_tokens"):
         return rollout(env, examples, policy, group=group, start_index=first_index, progress=False)
 
 
 def dynamic_sampling(env, records, draw, policy, group, tries):
-    """DAPO's dynamic sampling: a group whose rewards are all equal has no signal, so up to `tries`
-    more draws (draw(k) -> (examples, first index)) replace such groups by informative ones of new
-    examples, until every group of the step is informative; the batch keeps its size, uniform
-    groups filling what the draws could not. Returns (records, draws taken)."""
+    """DAPO's dynamic sampling: a group of equal rewards has no signal, so up to `tries` more draws
+    (draw(k) -> (examples, first index)) replace such groups by informative ones of new examples;
+    the batch keeps its size, uniform groups filling what the draws could not.
+    Returns (records, draws taken)."""
     split = lambda recs: [recs[i:i + group] for i in range(0, len(recs), group)]
     informative = lambda g: len({r["reward"] for r in g}) > 1
-    groups = split(records)
-    kept, k = [g for g in groups if informative(g)], 0
+    groups, k = split(records), 0
+    kept = [g for g in groups if informative(g)]
     while len(kept) < len(groups) and k < tries:
         k += 1
         examples, first_index = draw(k)
@@ -89,12 +86,10 @@ def dynamic_sampling(env, records, draw, policy, group, tries):
 
 
 def group_advantages(rewards, group, scale_rewards="none"):
-    """Advantages (B,) of E * group episodes, an example's rollouts side by side: A = R - mean(R of
-    the group), and with --scale_rewards group / (its std, Bessel-corrected as in torch and TRL,
-    + 1e-4). Equal rewards give exactly 0 (the update skips them): rewards are first taken relative
-    to the group's first, in float64."""
+    """Advantages (B,) of E * group episodes, a group side by side: A = R - mean(R of the group)
+    (--scale_rewards group: / (its std + 1e-4), as TRL's); equal rewards give exactly 0."""
     rewards = torch.as_tensor(rewards, dtype=torch.float64).view(-1, group)  # (E, G)
-    rewards = rewards - rewards[:, :1]
+    rewards = rewards - rewards[:, :1]  # relative to the group's first: equal rewards give 0
     adv = rewards - rewards.mean(1, keepdim=True)
     if scale_rewards == "group":
         adv = adv / (rewards.std(1, keepdim=True) + 1e-4)
@@ -117,8 +112,8 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
     r = exp(logp - old_logp), A = the token's episode advantage, sg = stop-gradient
       cispo: l = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp  (eps_low None: no lower clip)
       grpo:  l = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)  (eps_low None: 0.2)
-      gspo:  grpo's l with r = s, the episode's ratio exp(mean over its tokens of logp - old_logp)
-             (GSPO, arXiv 2507.18071: the paper's eps are 3e-4 and 4e-4)
+      gspo:  grpo's l with r = the episode's ratio exp(mean over its tokens of logp - old_logp)
+             (GSPO, arXiv 2507.18071, whose eps are 3e-4 and 4e-4)
       is_weight: l *= min(pi_trainer / pi_sampler, C) (--tis_cap C), before the KL term
       KL (beta > 0): l += beta * (exp(ref - logp) - (ref - logp) - 1)  (the k3 estimator, >= 0)
     Returns (loss, clipped) where clipped marks tokens whose ratio hit a bound."""
@@ -127,9 +122,9 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
         log_ratio = torch.cat([d.mean().expand(len(d)) for d in log_ratio.split(sizes)])
     ratio, hi = torch.exp(log_ratio), 1.0 + eps_high
     if loss == "cispo":
-        lo = None if eps_low is None else 1.0 - eps_low
+        lo = -1.0 if eps_low is None else 1.0 - eps_low  # -1: no lower clip, ratios are > 0
         per_token = -ratio.clamp(min=lo, max=hi).detach() * adv * logp
-        clipped = (ratio > hi) | (ratio < (lo if lo is not None else -1.0))
+        clipped = (ratio > hi) | (ratio < lo)
     else:  # grpo, gspo: PPO's clipped objective
         lo = 1.0 - (0.2 if eps_low is None else eps_low)
         per_token = -torch.min(ratio * adv, ratio.clamp(lo, hi) * adv)
@@ -143,16 +138,15 @@ def policy_loss(logp, old_logp, adv, weight, loss="cispo", eps_low=None, eps_hig
 
 def loss_weights(n_tokens, loss_agg, batch_tokens, batch_episodes, max_episode_tokens=None):
     """Each episode's token weight over the whole step's batch (all ranks', all minibatches'),
-    episodes of advantage 0 that the update skips counted too:
-      token:    1 / (loss tokens in the batch)                    (DAPO, CISPO)
-      sequence: 1 / (the episode's loss tokens * episodes)         (GRPO)
-      constant: 1 / (episodes * max_turns * max_new_tokens)        (Dr. GRPO: the most loss tokens
-                a batch can have; single-turn, TRL's dr_grpo exactly)"""
-    if loss_agg == "token":
-        return [1.0 / max(batch_tokens, 1)] * len(n_tokens)
-    if loss_agg == "constant":
-        return [1.0 / (batch_episodes * max_episode_tokens)] * len(n_tokens)
-    return [1.0 / (max(t, 1) * batch_episodes) for t in n_tokens]
+    skipped episodes of advantage 0 counted too:
+      token:    1 / (loss tokens in the batch)                 (DAPO, CISPO)
+      sequence: 1 / (the episode's loss tokens * episodes)      (GRPO)
+      constant: 1 / (episodes * max_turns * max_new_tokens)     (Dr. GRPO: the most loss tokens
+                the batch can have; single-turn, TRL's dr_grpo exactly)"""
+    if loss_agg == "sequence":
+        return [1.0 / (max(t, 1) * batch_episodes) for t in n_tokens]
+    total = batch_tokens if loss_agg == "token" else batch_episodes * max_episode_tokens
+    return [1.0 / max(total, 1)] * len(n_tokens)
 
 
 # ----------------------------------------------------------------------------- 4. the update
@@ -160,15 +154,14 @@ def loss_weights(n_tokens, loss_agg, batch_tokens, batch_episodes, max_episode_t
 
 def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=None,
            max_episode_tokens=None):
-    """The optimizer step(s) of a batch of rollouts (ids, mask, logprobs) with advantages adv (B,):
-    --minibatch episodes a step (default all), each taken --ppo_epochs times, the ratio against the
-    logprobs before the first; micro-batches of at most --token_budget padded tokens. Under torchrun
-    `records` are episodes first.. of the step's `batch`; each step sums the ranks' gradients.
-    --mask_truncated: an episode with a reply cut off at --max_new_tokens, or that the environment
-    cut off (its metric `cut_off`), has no loss token (TRL's mask_truncated_completions)."""
+    """The optimizer step(s) of a batch of rollouts with advantages adv (B,): --minibatch episodes
+    a step, each taken --ppo_epochs times, the ratio against the logprobs before the first;
+    micro-batches of at most --token_budget padded tokens. Under torchrun `records` are episodes
+    first.. of the step's `batch`. --mask_truncated: an episode cut off (a reply at
+    --max_new_tokens, or its metric cut_off) has no loss token, as TRL's."""
     batch = batch or len(records)
     cut = lambda r: args.mask_truncated and (r["truncated"] or r["metrics"].get("cut_off"))
-    n_tokens = [0 if cut(r) else sum(r["mask"][1:]) for r in records]  # token t + 1 is predicted at t
+    n_tokens = [0 if cut(r) else sum(r["mask"][1:]) for r in records]  # t + 1 is predicted at t
     weights = loss_weights(n_tokens, args.loss_agg, sum_over_ranks([sum(n_tokens)])[0], batch,
                            max_episode_tokens)
     trained = [i for i in range(len(records)) if n_tokens[i] and (adv[i] != 0 or args.beta > 0)]
@@ -178,25 +171,23 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
     several_steps = args.ppo_epochs > 1 or len(minibatches) > 1
 
     def micro_batches(episodes):
-        """(episodes, ids, mask, advantage per token, weight per token) of each micro-batch."""
-        lengths = [len(records[i]["ids"]) for i in episodes]
-        for micro in token_microbatches(lengths, args.token_budget):
+        """(episodes, ids, mask, advantage, weight and sampler's logprob per token) of each."""
+        for micro in token_microbatches([len(records[i]["ids"]) for i in episodes],
+                                        args.token_budget):
             micro = [episodes[j] for j in micro]
             ids, mask = pad_batch(([records[i]["ids"] for i in micro],
                                    [records[i]["mask"] for i in micro]), 0, model.device)  # (B, T)
             per_token = lambda vals: torch.cat([torch.full((n_tokens[i],), float(vals[i]))
                                                 for i in micro]).to(model.device)  # (N,)
-            yield micro, ids, mask, per_token(adv.tolist()), per_token(weights)
-
-    def sampled(micro):  # (N,) the sampler's logprob of each loss token
-        return torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:],
-                                                                records[i]["mask"][1:]) if m])
+            sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:],
+                                                                       records[i]["mask"][1:]) if m])
+            yield micro, ids, mask, per_token(adv.tolist()), per_token(weights), sampled
 
     with compiled_layers(model):  # on a GPU a big model's layers run compiled
         before = {}  # episode -> (logprobs before any update, the reference's), from a no-grad pass
         if several_steps or args.beta > 0:
             with torch.no_grad(), amp:
-                for micro, ids, mask, _, _ in micro_batches(trained):
+                for micro, ids, mask, *_ in micro_batches(trained):
                     sizes = [n_tokens[i] for i in micro]
                     old = token_logprobs(model, ids, mask, args.temp)[0].split(sizes)
                     ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split(sizes) \
@@ -209,19 +200,18 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                 if not sum_over_ranks([len(minibatch)])[0]:  # no rank has a gradient: no step
                     continue
                 total_loss = 0.0
-                for micro, ids, mask, adv_tok, weight_tok in micro_batches(minibatch):
+                for micro, ids, mask, adv_tok, weight_tok, sampled in micro_batches(minibatch):
                     with amp:
                         logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
                     old_logp = torch.cat([before[i][0] for i in micro]) if several_steps \
                         else logp.detach()
                     ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
-                    # trainer vs sampler: how far the logprobs before any update are from the rollouts'
-                    gap = old_logp.float().cpu() - sampled(micro)
+                    gap = old_logp.float().cpu() - sampled  # trainer vs sampler logprobs
                     is_weight = gap.exp().clamp(max=args.tis_cap).to(logp.device) \
                         if args.tis_cap else None
-                    loss, clipped = policy_loss(
-                        logp, old_logp, adv_tok, weight_tok, args.loss, args.eps_low, args.eps_high,
-                        ref_logp, args.beta, [n_tokens[i] for i in micro], is_weight)
+                    loss, clipped = policy_loss(logp, old_logp, adv_tok, weight_tok, args.loss,
+                                                args.eps_low, args.eps_high, ref_logp, args.beta,
+                                                [n_tokens[i] for i in micro], is_weight)
                     loss.backward()
                     total_loss += loss.item()
                     kl = kl_k3(logp.detach(), ref_logp).sum().item() if ref_model else 0.0
@@ -251,17 +241,16 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
 
 
 class Exploiter:
-    """--exploit N: every N steps (and at a run's first and last) the environment's exploit(policy)
-    hook judges the greedy policy: (numbers to log as exploit_*, a score tuple, lower is better, the
-    examples where it errs), which up to half of each later step's examples replay. The weights of
-    the best score (the later on a tie) are kept in DIR_best with exploit.json; an environment's
-    exploit_stop ends the run at a verdict with nothing to replay. Under torchrun rank 0 judges."""
+    """--exploit N: every N steps (and at the first and last) the environment's exploit(policy)
+    judges the greedy policy: (numbers logged as exploit_*, a score tuple, lower is better, examples
+    where it errs, which up to half of each later step replays). The best score's weights (the later
+    on a tie) go to DIR_best; exploit_stop ends the run at a verdict with nothing to replay."""
     KEYS = ("exploit_lines", "exploit_step", "exploit_best")  # its state, saved with the trainer's
 
     def __init__(self, env, every, out, rank, log, resume):
         self.env, self.every, self.best_dir = env, every, out.rstrip("/") + "_best"
         self.rank, self.log, self.stop = rank, log, getattr(env, "exploit_stop", False)
-        self.replays, self.step, self.best = None, None, None
+        self.replays = self.step = self.best = None
         if every and not hasattr(env, "exploit"):
             raise SystemExit("--exploit needs an environment with an exploit(policy) hook")
         if self.stop and not every:
@@ -272,8 +261,8 @@ class Exploiter:
 
     def __call__(self, step, policy, model, tokenizer, last=False):
         """The verdict at `step` where it is due; True when exploit_stop ends the run here."""
-        due = last or self.replays is None or step % self.every == 0
-        if self.every and self.step != step and due:
+        if self.every and self.step != step and (last or self.replays is None
+                                                 or step % self.every == 0):
             found = None
             model.eval()
             if self.rank == 0:
@@ -333,7 +322,7 @@ def parse_args(argv=None):
     add("--mask_truncated", action="store_true", help="no gradient for episodes cut off at "
         "--max_new_tokens or at the environment's turn limit")
     add("--tis_cap", type=float, default=0.0, help="weight each token by min(pi_trainer / "
-        "pi_sampler, C) (truncated importance sampling, for a sampler of another precision; 0: off)")
+        "pi_sampler, C), for a sampler of another precision (truncated importance sampling; 0: off)")
     add("--ppo_epochs", type=int, default=1, help="passes over each batch")
     add("--minibatch", type=int, default=0, help="episodes per optimizer step (0: the whole batch)")
     add("--exploit", type=int, default=0, help="every N steps the environment's exploit() hook "
@@ -343,15 +332,15 @@ def parse_args(argv=None):
                    eval_n=100, save_every=20)
     args = p.parse_args(argv)
     finite = (non_negative, "a finite number >= 0")
-    group_multiple = (lambda b: b >= 1 and b % max(args.group, 1) == 0,
-                      f"a positive multiple of --group {args.group}")
     check_flags(args, {**TRAIN_FLAG_RULES, "max_new_tokens": (at_least(1), ">= 1"),
-                       "batch": group_multiple, "eps_high": finite, "beta": finite,
+                       "batch": (lambda b: b >= 1 and b % max(args.group, 1) == 0,
+                                 f"a positive multiple of --group {args.group}"),
                        "group": (at_least(2), ">= 2: the advantage compares rollouts of an example"),
                        "eps_low": (lambda x: x is None or 0 <= x < 1, "in [0, 1), or unset"),
                        "temp": (positive, "a finite number > 0: the loss divides the logits by it"),
+                       "eps_high": finite, "beta": finite, "tis_cap": finite,
                        "steps": (at_least(0), ">= 0"), "gen_batch": (at_least(1), ">= 1"),
-                       "ppo_epochs": (at_least(1), ">= 1"), "tis_cap": finite,
+                       "ppo_epochs": (at_least(1), ">= 1"),
                        "dynamic_sampling": (at_least(0), ">= 0 (0: off)"),
                        "minibatch": (at_least(0), ">= 0 (0: the whole batch)"),
                        "exploit": (at_least(0), ">= 0 (0: off)")})
@@ -371,7 +360,7 @@ def main():
     first, end = my_share(n_examples, args.group, rank, world)  # this rank's examples of each step
     env = load_env(args.env, env_args, defaults={"num_groups": n_examples})
     exploiter = Exploiter(env, args.exploit, args.out, rank, log, resume)
-    # the model, the frozen reference (--beta), the sampling and the greedy policy, the optimizer
+    # the model, the frozen reference (--beta), the sampling and greedy policies, the optimizer
     model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
     ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) \
         if args.beta > 0 else None
@@ -384,8 +373,8 @@ def main():
     amp = train_autocast(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     trainer_state = start_or_resume(args, opt, resume, rank)
-    step, bad_steps = trainer_state["step"], 0
-    exploiter.replays, exploiter.step, exploiter.best = (trainer_state.get(k) for k in Exploiter.KEYS)
+    step, bad_steps, eval_envs = trainer_state["step"], 0, {}
+    exploiter.replays, exploiter.step, exploiter.best = map(trainer_state.get, Exploiter.KEYS)
 
     def save():
         state = dict(zip(Exploiter.KEYS, (exploiter.replays, exploiter.step, exploiter.best)))
@@ -395,23 +384,20 @@ def main():
             plot_curves([("", os.path.join(args.out, "metrics.jsonl"))],
                         os.path.join(args.out, "curves.png"), getattr(env, "curve_panels", None))
 
-    eval_envs = {}  # each evaluation setting's environment, built once
-
-    def run_eval():
+    def run_eval():  # each evaluation setting's environment is built once (eval_envs)
         model.eval()
         evals = evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed,
                                   args.out, eval_envs)
         log.evals(step, evals)
         print("\n".join(show(recs[0]) for _, recs in evals.values()))
 
-    def draw(k):  # the step's examples (k = 0) or those of its k-th extra draw, and their first key
-        seed = args.seed * 1_000_003 + step + k * EXTRA_DRAW
-        examples = env.examples(n_examples, seed=seed)
+    def draw(k):  # the step's examples (k = 0) or its k-th extra draw's, and their first number
+        examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step + k * EXTRA_DRAW)
         examples = exploiter.replay(examples, step) if k == 0 else examples
         return examples[first:end], k * EXTRA_DRAW + step * n_examples + first
 
-    done = exploiter.stop and exploiter.replays == [] and exploiter.step == step
-    if resume and (step >= args.steps or done):
+    if resume and (step >= args.steps or exploiter.stop and exploiter.replays == []
+                   and exploiter.step == step):  # all done
         print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps "
               f"{args.steps}): nothing to do")
         return stop_ranks()
@@ -432,8 +418,8 @@ def main():
         # 3-4. the loss on the sampled tokens, and the optimizer step(s)
         opt.param_groups[0]["lr"] = lr = lr_at(step, args.lr, args.warmup, args.steps, "constant")
         model.train()
-        hint = f"in the update: lower --token_budget (now {args.token_budget}) or add --grad_ckpt"
-        with out_of_memory_says(hint):
+        with out_of_memory_says(f"in the update: lower --token_budget (now {args.token_budget}) "
+                                "or add --grad_ckpt"):
             stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group,
                            args.batch, env.max_turns * args.max_new_tokens)
         t_train, step = time.time() - t0 - t_gen, step + 1

@@ -1,22 +1,23 @@
 """
 SFT warm-up: play teacher games, keep the good ones, train every parameter on the teacher's replies.
 
-    python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --api_base https://api.openai.com/v1 \
-        --n_games 200 --max_steps 30 --batch 32 --lr 1e-5                                      # GPU, as in the reference
-    python sft.py --model scratch --env_args '{"player_random_prob": 0.2}'   # offline, CPU (speedrun.sh)
-    python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft   # CPU smoke run
-    torchrun --standalone --nproc_per_node 8 sft.py --model Qwen/Qwen3-1.7B --data out/sft/data.jsonl --batch 64   # 8 GPUs
+    python sft.py --model Qwen/Qwen3-1.7B --teacher gpt-5-mini --n_games 200 \
+        --api_base https://api.openai.com/v1 --max_steps 30 --batch 32 --lr 1e-5  # GPU, reference
+    python sft.py --model scratch --env_args '{"player_random_prob": 0.2}'  # CPU (speedrun.sh)
+    python sft.py --model scratch --n_games 40 --max_steps 5 --eval_every 0 --out /tmp/sft  # smoke
+    torchrun --standalone --nproc_per_node 8 sft.py --model Qwen/Qwen3-1.7B \
+        --data out/sft/data.jsonl --batch 64  # 8 GPUs
 
---model scratch builds a small Llama (random init, a few million parameters) and a byte-level BPE tokenizer trained
-on the environment's own transcripts, with a ChatML template, saved with save_pretrained: an ordinary model directory.
-Conversations are laid out as rollouts lay out trajectories (sample.ChatTokens): the loss is on the assistant replies
-and their end-of-turn tokens only, except for the scratch model, which has never read anything and also learns to
-predict the system and environment messages (--context_loss 0.3). That dense signal teaches it to read
-what the environment says (docs/LESSONS.md measures it).
-Under torchrun each rank trains on its share of each batch, the loss divided by the whole batch's reply tokens, the
-gradients summed; rank 0 plays the teacher's games and builds a scratch model, the others read them from DIR.
-Output: DIR (out/sft), a save_pretrained directory loadable by eval.py, rl.py, transformers and vLLM, with
-sft_args.json, sft_results.json, metrics.jsonl, data.jsonl (the kept games) and trainer_state.pt (for --resume).
+--model scratch builds a small random-init Llama and a byte-level BPE tokenizer trained on the
+environment's transcripts (ChatML template): an ordinary save_pretrained directory. Conversations
+are laid out as rollouts are (sample.ChatTokens): the loss is on the assistant replies and their
+end-of-turn tokens, except that the scratch model, which has never read anything, also learns to
+predict the system and environment messages (--context_loss 0.3): that dense signal teaches it to
+read what the environment says (docs/LESSONS.md).
+Under torchrun each rank trains on its share of each batch (loss over the whole batch's reply
+tokens, gradients summed); rank 0 plays the teacher games, builds a scratch model; others read DIR.
+Output: DIR (out/sft), a save_pretrained model (eval.py, rl.py, transformers, vLLM), sft_args.json,
+sft_results.json, metrics.jsonl, data.jsonl (the kept games), trainer_state.pt (for --resume).
 """
 import argparse
 import json
@@ -27,44 +28,49 @@ import time
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags, checkpoint_to_resume,
-                    disk_full_says_what_is_kept, load_env, load_model, lr_at, non_negative,
-                    pad_batch, parse_env_args, positive, samples_when_served, save_run, start_or_resume, start_run,
-                    token_logprobs, token_microbatches, train_autocast)
+from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags,
+                    checkpoint_to_resume, disk_full_says_what_is_kept, load_env, load_model, lr_at,
+                    non_negative, pad_batch, parse_env_args, positive, samples_when_served,
+                    save_run, start_or_resume, start_run, token_logprobs, token_microbatches,
+                    train_autocast)
 from engine import enable_grad_ckpt
 from eval import evaluate_standard
 from ranks import stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
 from policies import FunctionPolicy, ScriptedPolicy, add_api_args, is_function_spec, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 
-
-CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+# the scratch tokenizer's chat template: ChatML, the format Qwen's models use too
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+          "{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
+
 # ----------------------------------------------------------------------------- teacher data
-
-
 def keep_rules(keep):
-    """--keep parsed: [] (all), [("reward>=", X)] or [(METRIC, VALUE), ...]; None unless each part is NAME=NUMBER, finite."""
+    """--keep parsed: [] (all), [("reward>=", X)] or [(METRIC, VALUE), ...]; None unless each part
+    is NAME=NUMBER, finite."""
     try:
-        rules = [] if keep == "all" else [("reward>=", float(keep[len("reward>="):]))] if keep.startswith("reward>=") else \
-            [(name, float(value)) for name, value in (rule.split("=") for rule in keep.split(","))]
+        rules = ([] if keep == "all" else
+                 [("reward>=", float(keep[len("reward>="):]))] if keep.startswith("reward>=") else
+                 [(name, float(value)) for name, value in (r.split("=") for r in keep.split(","))])
     except ValueError:  # not a number, or not NAME=VALUE
         return None
     return rules if all(name and math.isfinite(value) for name, value in rules) else None
 
 
 def keep_game(rec, rules):
-    """Whether a teacher game passes keep_rules(): reward>=X, or each named metric equal to VALUE (one the environment
-    does not report passes), e.g. format=1,loss=0: well-formed and not lost."""
+    """Whether a teacher game passes keep_rules(): reward>=X, or each named metric equal to VALUE
+    (one the environment does not report passes), e.g. format=1,loss=0: well-formed and not lost."""
     metrics = rec.get("metrics", {})
-    return all(rec["reward"] >= value if name == "reward>=" else metrics.get(name, value) == value for name, value in rules)
+    return all(rec["reward"] >= value if name == "reward>=" else metrics.get(name, value) == value
+               for name, value in rules)
 
 
 def teacher_games(args, env):
-    """Play --n_games with the teacher, write all games to DIR/teacher_games.jsonl as they finish, return the kept ones."""
-    policy = make_policy(args.teacher, env, args.device, args.teacher_temp, 1.0, args.max_new_tokens, 256, args.api_base,
-                         args.api_key_env, args.concurrency, args.seed, not args.no_api_seed)
+    """Play --n_games with the teacher, each written to DIR/teacher_games.jsonl; return the kept."""
+    policy = make_policy(args.teacher, env, args.device, args.teacher_temp, 1.0,
+                         args.max_new_tokens, 256, args.api_base, args.api_key_env,
+                         args.concurrency, args.seed, not args.no_api_seed)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "teacher_games.jsonl")
     games = []
@@ -76,12 +82,13 @@ def teacher_games(args, env):
         try:
             rollout(env, env.examples(args.n_games, args.seed + 1), policy, on_done=write)
         except RuntimeError as e:
-            raise SystemExit(f"teacher failed after {len(games)} games (kept in {path}; reuse them with --data {path}): {e}")
+            raise SystemExit(f"teacher failed after {len(games)} games (kept in {path}; "
+                             f"reuse them with --data {path}): {e}")
     rules = keep_rules(args.keep)
     kept = [g for g in games if keep_game(g, rules)]
     means = {k: sum(g["metrics"][k] for g in kept) / len(kept) for k in (kept[0]["metrics"] if kept else {})}
-    print(f"teacher {args.teacher}: {len(games)} games played, {len(kept)} kept ({args.keep}); the kept games' mean "
-          + ", ".join(f"{k} {v:.3g}" for k, v in means.items()))
+    print(f"teacher {args.teacher}: {len(games)} games played, {len(kept)} kept ({args.keep}); "
+          "the kept games' mean " + ", ".join(f"{k} {v:.3g}" for k, v in means.items()))
     return [g["messages"] for g in kept]
 
 
@@ -92,57 +99,62 @@ def read_data(path):
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
     except UnicodeDecodeError as e:
-        raise SystemExit(f"--data {path!r} is not UTF-8 text (byte {e.start}): give a JSONL file of "
-                         "{\"messages\": [...]} lines") from None
+        raise SystemExit(f"--data {path!r} is not UTF-8 text (byte {e.start}): give a JSONL file "
+                         "of {\"messages\": [...]} lines") from None
     convs = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             msgs = json.loads(line)["messages"]
-            assert isinstance(msgs, list) and all(m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str) for m in msgs)
+            assert isinstance(msgs, list) and all(m["role"] in ("system", "user", "assistant")
+                                                  and isinstance(m["content"], str) for m in msgs)
             assert len(msgs) >= 3 and msgs[0]["role"] == "system" and msgs[1]["role"] == "user"
         except (ValueError, KeyError, TypeError, AssertionError):
-            raise SystemExit(f"{path}:{i}: expected a JSON object with \"messages\": [system, user, assistant, ...] "
-                             "chat messages (role + content); fix or delete that line") from None
+            raise SystemExit(f"{path}:{i}: expected a JSON object with \"messages\": [system, "
+                             "user, assistant, ...] chat messages (role + content); fix or delete "
+                             "that line") from None
         convs.append(msgs)
     return convs
 
 
 # ----------------------------------------------------------------------------- the scratch model
-
-
-def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000, seed=0, max_len=2048,
-                  teacher=None):
-    """Train a byte-level BPE tokenizer on scripted transcripts of `env` (its scripted_players, or the
-    `teacher` function "module:function"), build a random-init Llama, save both."""
+def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_games=2000,
+                  seed=0, max_len=2048, teacher=None):
+    """Train a byte-level BPE tokenizer on scripted transcripts of `env` (its scripted_players, or
+    the `teacher` function "module:function"), build a random-init Llama, save both."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     texts = [env.system_prompt]
     players = [ScriptedPolicy(env, name) for name in getattr(env, "scripted_players", ())]
     players += [FunctionPolicy(teacher)] if teacher and is_function_spec(teacher) else []
     if not players:
-        raise SystemExit("--model scratch trains its tokenizer on a scripted player's games: this environment has no "
-                         "scripted_players; give --teacher module:function (conversation -> reply)")
+        raise SystemExit("--model scratch trains its tokenizer on a scripted player's games: this "
+                         "environment has no scripted_players; give --teacher module:function "
+                         "(conversation -> reply)")
     for i, policy in enumerate(players):
         for rec in rollout(env, env.examples(n_games // len(players), seed + i), policy, progress=False):
             texts += [m["content"] for m in rec["messages"][1:]]
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
-    # digits stand alone, so a number is the same tokens wherever it stands (after a space, a bar or a
-    # tag): copying a number from the prompt to the reply is then an identity map
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    # digits stand alone, so a number is the same tokens wherever it stands (after a space, a bar or
+    # a tag): copying a number from the prompt to the reply is then an identity map
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special + ["system", "user", "assistant"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>",
                                         additional_special_tokens=special[1:2])
     tokenizer.chat_template = CHATML
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=n_layers,
-                         num_attention_heads=n_heads, num_key_value_heads=n_heads, max_position_embeddings=max_len,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=4 * d_model,
+        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_heads,
+        max_position_embeddings=max_len, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -155,14 +167,13 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
 
 
 # ----------------------------------------------------------------------------- the SFT loss
-
-
 def sft_loss(model, rows, context_loss, pad_id):
-    """Summed next-token loss of right-padded (ids, mask) rows: weight 1 on the assistant tokens (mask 1),
-    `context_loss` on every other real token (system prompt, environment messages), 0 on padding.
-    Returns (loss tensor, assistant nll, context nll, context tokens) with the last three as plain numbers."""
-    ids, mask = pad_batch(([r[0] for r in rows], [r[1] for r in rows]), pad_id, model.device)  # (B, T)
-    real = torch.arange(ids.shape[1], device=ids.device)[None] < torch.tensor([len(r[0]) for r in rows], device=ids.device)[:, None]
+    """Summed next-token loss of right-padded (ids, mask) rows: weight 1 on replies (mask 1),
+    `context_loss` on other real tokens, 0 on padding. Returns (loss tensor, reply nll, context nll,
+    context tokens), the last three as numbers."""
+    ids, mask = pad_batch(([r[0] for r in rows], [r[1] for r in rows]), pad_id, model.device)
+    real = (torch.arange(ids.shape[1], device=ids.device)[None]
+            < torch.tensor([len(r[0]) for r in rows], device=ids.device)[:, None])  # (B, T) as ids
     w = mask + context_loss * (1 - mask) * real  # (B, T)
     logp = token_logprobs(model, ids, w, 1.0)[0]  # (N,): every token with a weight
     keep = w[:, 1:] > 0  # (B, T-1): the positions token_logprobs scored
@@ -172,31 +183,30 @@ def sft_loss(model, rows, context_loss, pad_id):
 
 
 # ----------------------------------------------------------------------------- main
-
-
 def model_path(args, env, rank, resume):
-    """The model to train: the run's own checkpoint on --resume, --model, or a scratch model that rank 0 builds in
-    DIR_init (under torchrun the others then load what it saved)."""
+    """The model to train: the run's own checkpoint on --resume, --model, or a scratch model that
+    rank 0 builds in DIR_init (under torchrun the others then load what it saved)."""
     if resume:
         return args.out
     if args.model != "scratch":
         return args.model
     if rank == 0:
-        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers, args.n_heads,
-                      seed=args.seed, teacher=args.teacher)
+        build_scratch(args.out + "_init", env, args.vocab_size, args.d_model, args.n_layers,
+                      args.n_heads, seed=args.seed, teacher=args.teacher)
     wait_for_rank0(f"scratch model in {args.out}_init")
     return args.out + "_init"
 
 
 def training_data(args, env, chat, rank, resume, user_data):
-    """[(ids, mask)] of the conversations to train on: --data's, or the teacher's kept games, written to DIR/data.jsonl
-    (under torchrun rank 0 plays them, the others waiting up to DIST_TIMEOUT, and every rank reads them back)."""
+    """[(ids, mask)] to train on: --data's conversations or the teacher's kept games, written to
+    DIR/data.jsonl (under torchrun rank 0 plays them; others wait up to DIST_TIMEOUT, read it)."""
     data_path = os.path.join(args.out, "data.jsonl")
     if rank == 0 and not resume:
         convs = user_data if args.data else teacher_games(args, env)
         if not convs:
-            raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play more --n_games, use a stronger "
-                             "teacher, or loosen --keep (the played games are in DIR/teacher_games.jsonl)")
+            raise SystemExit(f"no conversations left after filtering (--keep {args.keep}): play "
+                             "more --n_games, use a stronger teacher, or loosen --keep (the played "
+                             "games are in DIR/teacher_games.jsonl)")
         os.makedirs(args.out, exist_ok=True)
         with open(data_path, "w") as f:
             f.writelines(json.dumps({"messages": c}) + "\n" for c in convs)
@@ -209,52 +219,58 @@ def training_data(args, env, chat, rank, resume, user_data):
     if not encoded:
         raise SystemExit(f"every conversation is longer than --max_len {args.max_len}")
     print(f"data: {len(encoded)} conversations, {sum(len(i) for i, _ in encoded)} tokens, "
-          f"{sum(sum(m) for _, m in encoded)} trained on" + (f", {dropped} dropped as longer than --max_len" if dropped else ""))
+          f"{sum(sum(m) for _, m in encoded)} trained on"
+          + (f", {dropped} dropped as longer than --max_len" if dropped else ""))
     return encoded
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = p.add_argument
     # model and data
-    p.add_argument("--model", default="scratch", help="hub id or directory to fine-tune, or 'scratch' to build a small model offline")
-    p.add_argument("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
-    p.add_argument("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
-    p.add_argument("--teacher", default=None, help="teacher: a scripted player of the environment (default: "
-                   "its first), a function module:function (conversation -> reply), an API model with "
-                   "--api_base, or an HF model")
-    p.add_argument("--teacher_temp", type=float, default=1.0, help="teacher sampling temperature (API/HF teachers)")
+    add("--model", default="scratch", help="hub id, directory, or 'scratch' (build a small model)")
+    add("--env", default="tictactoe", help="environment NAME (env_NAME.py)")
+    add("--env_args", default="{}", help="JSON keyword arguments for load_environment()")
+    add("--teacher", default=None, help="a scripted player (default: the environment's first), "
+        "module:function (conversation -> reply), an API model with --api_base, or an HF model")
+    add("--teacher_temp", type=float, default=1.0, help="sampling temperature (API/HF teachers)")
     add_api_args(p, "--teacher")
-    p.add_argument("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
-    p.add_argument("--n_games", type=int, default=12000, help="teacher games to play (scripted teachers are free; ~200 for an API teacher)")
-    p.add_argument("--keep", default=None, help="the teacher games to train on: all, reward>=X, or "
-                   "METRIC=VALUE,... (each metric of the game equal to VALUE; one the environment lacks "
-                   "passes); default: the environment's `keep`, else all")
-    p.add_argument("--data", default=None, help="train on this JSONL of {'messages': [...]} instead of playing teacher games")
+    add("--max_new_tokens", type=int, default=512, help="teacher's max tokens per turn")
+    add("--n_games", type=int, default=12000, help="teacher games (scripted: free; API: ~200)")
+    add("--keep", default=None, help="games to train on: all, reward>=X, or METRIC=VALUE,... (each "
+        "metric equal to VALUE; a missing one passes); default: the environment's `keep`, else all")
+    add("--data", default=None, help="train on a JSONL of {'messages': [...]}, not teacher games")
     # scratch model
-    p.add_argument("--vocab_size", type=int, default=512, help="scratch: BPE vocabulary size")
-    p.add_argument("--d_model", type=int, default=128, help="scratch: hidden size")
-    p.add_argument("--n_layers", type=int, default=4, help="scratch: transformer layers")
-    p.add_argument("--n_heads", type=int, default=4, help="scratch: attention heads")
+    add("--vocab_size", type=int, default=512, help="scratch: BPE vocabulary size")
+    add("--d_model", type=int, default=128, help="scratch: hidden size")
+    add("--n_layers", type=int, default=4, help="scratch: transformer layers")
+    add("--n_heads", type=int, default=4, help="scratch: attention heads")
     # optimization
-    p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (only when --max_steps is 0)")
-    p.add_argument("--max_steps", type=int, default=1000, help="optimizer steps (0: from --epochs)")
-    p.add_argument("--batch", type=int, default=8, help="conversations per optimizer step")
-    p.add_argument("--context_loss", type=float, default=None, help="weight of the next-token loss on the system and environment "
-                   "tokens (default: 0.3 with --model scratch, a model that has read nothing and must learn to read; "
-                   "0 otherwise: assistant tokens only, the usual SFT)")
-    p.add_argument("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine", help="lr schedule after warm-up (cosine: to 10%% of --lr)")
-    add_train_args(p, lr=2e-3, warmup=10, token_budget=16384, out="out/sft", eval_every=500, eval_n=50, save_every=500)
+    add("--epochs", type=float, default=1.0, help="passes over the data (when --max_steps is 0)")
+    add("--max_steps", type=int, default=1000, help="optimizer steps (0: from --epochs)")
+    add("--batch", type=int, default=8, help="conversations per optimizer step")
+    add("--context_loss", type=float, default=None, help="loss weight on system and environment "
+        "tokens (default: 0.3 for scratch, which must learn to read; else 0, the usual SFT)")
+    add("--max_len", type=int, default=2048, help="drop conversations longer than this many tokens")
+    add("--schedule", choices=["constant", "cosine"], default="cosine",
+        help="lr schedule after warm-up (cosine: to 10%% of --lr)")
+    add_train_args(p, lr=2e-3, warmup=10, token_budget=16384, out="out/sft", eval_every=500,
+                   eval_n=50, save_every=500)
     args = p.parse_args(argv)
-    check_flags(args, {**TRAIN_FLAG_RULES, "n_games": (at_least(1), ">= 1"), "batch": (at_least(1), ">= 1"),
-                       "max_steps": (at_least(0), ">= 0 (0: from --epochs)"), "epochs": (positive, "a finite number > 0"),
-                       "max_new_tokens": (at_least(1), ">= 1"), "max_len": (at_least(2), ">= 2"),
-                       "teacher_temp": (non_negative, "a finite number >= 0 (0: greedy)"), "concurrency": (at_least(1), ">= 1"),
-                       "keep": (lambda k: k is None or keep_rules(k) is not None, "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
-                       "vocab_size": (at_least(1), ">= 1"), "n_layers": (at_least(1), ">= 1"), "n_heads": (at_least(1), ">= 1"),
-                       "d_model": (lambda d: d >= 1 and d % max(args.n_heads, 1) == 0, f"a positive multiple of --n_heads {args.n_heads}"),
-                       "context_loss": (lambda x: x is None or non_negative(x), "a finite number >= 0")})
-
+    check_flags(args, {
+        **TRAIN_FLAG_RULES, "n_games": (at_least(1), ">= 1"), "batch": (at_least(1), ">= 1"),
+        "max_steps": (at_least(0), ">= 0 (0: from --epochs)"),
+        "epochs": (positive, "a finite number > 0"), "max_new_tokens": (at_least(1), ">= 1"),
+        "max_len": (at_least(2), ">= 2"),
+        "teacher_temp": (non_negative, "a finite number >= 0 (0: greedy)"),
+        "concurrency": (at_least(1), ">= 1"),
+        "keep": (lambda k: k is None or keep_rules(k) is not None,
+                 "all, reward>=X or METRIC=VALUE,... (X and VALUE numbers)"),
+        "vocab_size": (at_least(1), ">= 1"), "n_layers": (at_least(1), ">= 1"),
+        "n_heads": (at_least(1), ">= 1"),
+        "d_model": (lambda d: d >= 1 and d % max(args.n_heads, 1) == 0,
+                    f"a positive multiple of --n_heads {args.n_heads}"),
+        "context_loss": (lambda x: x is None or non_negative(x), "a finite number >= 0")})
     if args.context_loss is None:
         args.context_loss = 0.3 if args.model == "scratch" else 0.0
     return args
@@ -268,15 +284,17 @@ def main():
     # the environment's defaults: its first scripted player teaches, its `keep` rules pick the games
     args.teacher = args.teacher or next(iter(getattr(env, "scripted_players", ())), None)
     args.keep = args.keep or getattr(env, "keep", "all")
-    check_flags(args, {"keep": (lambda k: keep_rules(k) is not None, "all, reward>=X or METRIC=VALUE,...")})
+    check_flags(args, {"keep": (lambda k: keep_rules(k) is not None,
+                                "all, reward>=X or METRIC=VALUE,...")})
     if args.teacher is None and not args.data:
-        raise SystemExit(f"--teacher: {args.env} has no scripted_players; name a teacher (a function "
-                         "module:function, an API model with --api_base, or an HF model) or give --data")
+        raise SystemExit(f"--teacher: {args.env} has no scripted_players; name a teacher (a "
+                         "function module:function, an API model with --api_base, or an HF model) "
+                         "or give --data")
     resume = checkpoint_to_resume(args, rank)
     # a --data file is read first: a bad line stops the run before a model is built or loaded
     user_data = read_data(args.data) if args.data and rank == 0 and not resume else None
-    # the model is loaded before any game is played or any file written, so a bad --model costs nothing and loses
-    # nothing (an HF teacher then plays while the student is in memory)
+    # the model is loaded before any game is played or any file written, so a bad --model costs and
+    # loses nothing (an HF teacher then plays while the student is in memory)
     model, tokenizer = load_model(model_path(args, env, rank, resume), device, train=True)
     chat = ChatTokens(tokenizer, env.system_prompt, getattr(env, "tools", None))
     encoded = training_data(args, env, chat, rank, resume, user_data)
@@ -289,13 +307,13 @@ def main():
     step = start_or_resume(args, opt, resume, rank)["step"]
 
     def batch_indices(step):
-        """The data position is a pure function of the step: epoch e is a permutation seeded by (seed, e)."""
+        """The step alone fixes the data (for exact resume): epoch e is shuffled by (seed, e)."""
         epoch, k = divmod(step, steps_per_epoch)
         perm = list(range(len(encoded)))
         random.Random(args.seed * 1000 + epoch).shuffle(perm)
         return perm[k * args.batch:(k + 1) * args.batch]
 
-    if resume and step >= total:  # its final evaluation and save are done: running them again would repeat rows
+    if resume and step >= total:  # final eval and save done: running them again would repeat rows
         print(f"--resume: {args.out} holds the final checkpoint (step {step} of {total}): nothing to do")
         return stop_ranks()
 
@@ -314,7 +332,8 @@ def main():
 
     def save(step):
         save_run(model, tokenizer, args.out, rank, {"optimizer": opt.state_dict(), "step": step},
-                 {"sft_args.json": vars(args), "sft_results.json": {"step": step, "eval": results, "wall_s": time.time() - t_start}})
+                 {"sft_args.json": vars(args), "sft_results.json": {
+                     "step": step, "eval": results, "wall_s": time.time() - t_start}})
 
     model.train()
     amp = train_autocast(device)
@@ -322,14 +341,16 @@ def main():
         t0 = time.time()
         opt.param_groups[0]["lr"] = lr = lr_at(step, args.lr, args.warmup, total, args.schedule)
         idx = batch_indices(step)
-        n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)  # the whole batch's: every rank divides by it
+        n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)  # full batch: each rank divides by it
         idx = idx[rank::world]  # under torchrun: this rank's conversations of the batch
         loss_sum, ctx_sum, n_ctx, n_tok = 0.0, 0.0, 0, 0
         for mb in token_microbatches([len(encoded[i][0]) for i in idx], args.token_budget):
             with amp:
-                loss, reply_nll, ctx_nll, ctx_n = sft_loss(model, [encoded[idx[j]] for j in mb], args.context_loss, chat.eot_id)
+                loss, reply_nll, ctx_nll, ctx_n = sft_loss(model, [encoded[idx[j]] for j in mb],
+                                                           args.context_loss, chat.eot_id)
             (loss / n_loss_tokens).backward()
-            loss_sum, ctx_sum, n_ctx = loss_sum + reply_nll / n_loss_tokens, ctx_sum + ctx_nll, n_ctx + ctx_n
+            loss_sum, ctx_sum, n_ctx = (loss_sum + reply_nll / n_loss_tokens, ctx_sum + ctx_nll,
+                                        n_ctx + ctx_n)
             n_tok += len(mb) * max(len(encoded[idx[j]][0]) for j in mb)
         sum_gradients(model)  # under torchrun: the whole batch's gradient, on every rank
         loss_sum, ctx_sum, n_ctx, n_tok = sum_over_ranks([loss_sum, ctx_sum, n_ctx, n_tok])
@@ -339,7 +360,8 @@ def main():
         step += 1
         dt = time.time() - t0
         ctx = {"context_loss": ctx_sum / n_ctx} if n_ctx else {}
-        log(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm, "tokens_per_s": n_tok / dt, "step_time": dt})
+        log(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm,
+                   "tokens_per_s": n_tok / dt, "step_time": dt})
         if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < total:
             run_eval(step)  # the other ranks wait for rank 0 at the next gradient all-reduce
         if args.save_every and step % args.save_every == 0 and step < total:
@@ -355,5 +377,6 @@ def main():
 
 
 if __name__ == "__main__":
-    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: free space, then rerun with --resume."):
+    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: "
+                                     "free space, then rerun with --resume."):
         main()
