@@ -22,8 +22,6 @@ from torch.utils.checkpoint import checkpoint
 from ranks import check_ranks_agree, start_ranks, wait_for_rank0
 
 # ----------------------------------------------------------------------------- environments
-
-
 def parse_env_args(env_args):
     """--env_args: a JSON object string (or an already parsed dict)."""
     if isinstance(env_args, dict):
@@ -70,8 +68,6 @@ def eval_settings(name):
 
 
 # ----------------------------------------------------------------------------- models
-
-
 def pick_device(device="auto"):
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
@@ -130,8 +126,6 @@ def train_autocast(device):
 
 
 # ----------------------------------------------------------------------------- KV caches
-
-
 def cache_kwarg(module):
     """The name under which a transformers model's forward takes its KV cache: `cache` in recent
     transformers (5.24 warns at the old name, which 5.40 drops), `past_key_values` before (5.17)."""
@@ -153,8 +147,6 @@ def plain_cache_layers(cache):
 
 
 # ----------------------------------------------------------------------------- token logprobs
-
-
 def pad_batch(seqs, pad_id, device):
     """Right-pad lists of ids (and matching lists) into (B, T) tensors."""
     width = max(len(s) for s in seqs[0])
@@ -224,8 +216,6 @@ def token_logprobs(model, ids, mask, temp, chunk=2048):
 
 
 # ----------------------------------------------------------------------------- training runs
-
-
 @contextlib.contextmanager
 def out_of_memory_says(what_to_lower):
     """Out of GPU memory within: one line naming the flags to turn down, not a traceback."""
@@ -465,8 +455,6 @@ def set_rng_state(s):
 
 
 # ----------------------------------------------------------------------------- log lines
-
-
 class RunLog:
     """A run's log (rank 0's): one grep-able line per step on stdout, metrics.jsonl, --report_to."""
 

@@ -258,8 +258,6 @@ class _RowLayers:
 
 
 # ----------------------------------------------------------------------------- the engine
-
-
 class FastEngine:
     """Turns of HFPolicy's episodes on RowCaches, one per rollout batch, for the models that `fits`
     (plain attention: Llama, Qwen3, Gemma 3, ...; LFM2, Qwen3.5); on a GPU with CUDA graphs."""
@@ -406,8 +404,6 @@ class FastEngine:
 
 
 # ---------------------------------------------- the update on a GPU: checkpointing, compiled layers
-
-
 def enable_grad_ckpt(model, setting, device):
     """Gradient checkpointing per --grad_ckpt (auto: on a GPU for GRAD_CKPT_AUTO_PARAMS+ params)."""
     big = sum(p.numel() for p in model.parameters()) >= GRAD_CKPT_AUTO_PARAMS

@@ -52,11 +52,8 @@ MAX_BAD_STEPS = 3  # non-finite updates in a row before a run stops
 EXTRA_DRAW = 1 << 40  # --dynamic_sampling: the k-th extra draw's episodes are numbered from k * this
 
 # ----------------------------------------------------------------------------- 1. rollouts
-
-
 def sample_rollouts(env, examples, policy, group, first_index):
-    """`group` rollouts of every example, numbered from first_index (no other example of the run
-    has that number: an episode's draws are keyed by it)."""
+    """`group` rollouts of every example, numbered from first_index (an episode's draws' key)."""
     with out_of_memory_says(f"in the rollouts: lower --gen_batch (now {policy.batch_size}) "
                             "or --max_new_tokens"):
         return rollout(env, examples, policy, group=group, start_index=first_index, progress=False)
@@ -64,9 +61,8 @@ def sample_rollouts(env, examples, policy, group, first_index):
 
 def dynamic_sampling(env, records, draw, policy, group, tries):
     """DAPO's dynamic sampling: a group of equal rewards has no signal, so up to `tries` more draws
-    (draw(k) -> (examples, first index)) replace such groups by informative ones of new examples;
-    the batch keeps its size, uniform groups filling what the draws could not.
-    Returns (records, draws taken)."""
+    (draw(k) -> (examples, first index)) replace such groups by informative ones of new examples,
+    uniform groups filling what they could not. Returns (records, draws taken)."""
     split = lambda recs: [recs[i:i + group] for i in range(0, len(recs), group)]
     informative = lambda g: len({r["reward"] for r in g}) > 1
     groups, k = split(records), 0
@@ -83,8 +79,6 @@ def dynamic_sampling(env, records, draw, policy, group, tries):
 
 
 # ----------------------------------------------------------------------------- 2. group advantages
-
-
 def group_advantages(rewards, group, scale_rewards="none"):
     """Advantages (B,) of E * group episodes, a group side by side: A = R - mean(R of the group)
     (--scale_rewards group: / (its std + 1e-4), as TRL's); equal rewards give exactly 0."""
@@ -97,8 +91,6 @@ def group_advantages(rewards, group, scale_rewards="none"):
 
 
 # ----------------------------------------------------------------------------- 3. the loss
-
-
 def kl_k3(logp, ref_logp):
     d = ref_logp - logp  # per-token KL(policy || reference) from sampled tokens' logprobs: k3
     return torch.exp(d) - d - 1
@@ -150,8 +142,6 @@ def loss_weights(n_tokens, loss_agg, batch_tokens, batch_episodes, max_episode_t
 
 
 # ----------------------------------------------------------------------------- 4. the update
-
-
 def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=None,
            max_episode_tokens=None):
     """The optimizer step(s) of a batch of rollouts with advantages adv (B,): --minibatch episodes
@@ -238,8 +228,6 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
 
 
 # ----------------------------------------------------------------------------- 5. the loop
-
-
 class Exploiter:
     """--exploit N: every N steps (and at the first and last) the environment's exploit(policy)
     judges the greedy policy: (numbers logged as exploit_*, a score tuple, lower is better, examples
