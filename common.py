@@ -13,13 +13,14 @@ import os
 import pickle
 import random
 import shutil
+import signal
 import sys
 import tempfile
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ranks import check_ranks_agree, start_ranks, wait_for_rank0
+from ranks import check_ranks_agree, start_ranks, sum_over_ranks, wait_for_rank0
 
 # ----------------------------------------------------------------------------- environments
 def parse_env_args(env_args):
@@ -290,6 +291,43 @@ def disk_full_says_what_is_kept(kept):
             raise
         raise SystemExit(f"could not write{' ' + str(e.filename) if e.filename else ''}: "
                          f"{e.strerror}. {kept}") from None
+
+
+class Preemption:
+    """SIGTERM or SIGINT (a cluster preempting the job, Ctrl-C): the first asks the training loop to
+    finish its step, save and exit (the grace period before SIGKILL); a second stops at once, the
+    last complete checkpoint intact (saves are written, then renamed). Under torchrun each rank asks
+    due() after every step, together, so all stop after the same one. now=True: the first stops."""
+
+    def __init__(self, now=False):
+        self.now, self.signal = now, None
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, self._caught) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.saved.items():
+            signal.signal(s, handler)
+
+    def _caught(self, signum, frame):
+        if self.now or self.signal is not None:
+            self.signal = self.signal or signum
+            raise KeyboardInterrupt
+        self.signal = signum
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving (again: stop "
+              "at once)", flush=True)
+
+    def due(self):
+        return sum_over_ranks([float(self.signal is not None)])[0] > 0
+
+    def stop(self, what, rank=0):
+        """Exit 128 + the signal's number, saying what is kept and the command that goes on."""
+        argv = " ".join(a for a in sys.argv if a != "--resume")
+        if rank == 0:
+            print(f"stopped by {signal.Signals(self.signal or signal.SIGTERM).name}: {what}; go "
+                  f"on with: python {argv} --resume", flush=True)
+        raise SystemExit(128 + (self.signal or signal.SIGTERM))
 
 
 TRAIN_FLAG_RULES = {  # the flags of add_train_args: (test, what the value must be)

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from common import (at_least, can_write, check_flags, disk_full_says_what_is_kept, eval_settings,
-                    load_env, parse_env_args)
+from common import (Preemption, at_least, can_write, check_flags, disk_full_says_what_is_kept,
+                    eval_settings, load_env, parse_env_args)
 from policies import POLICY_FLAG_RULES, APIError, add_policy_args, policy_from_args
 from sample import rollout, show
 
@@ -242,12 +242,16 @@ def main():
         raise SystemExit("--exploit needs an environment with an exploit(policy, out) hook: "
                          f"{args.env!r} has none")
     policy = policy_from_args(args, env)
-    for task in tasks:
-        out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
-        try:
-            run_task(args, task, env_args, policy, out)
-        except APIError as e:
-            raise SystemExit(str(e)) from None
+    with Preemption(now=True) as preempt:  # SIGTERM, Ctrl-C: the rows written so far are kept
+        for task in tasks:
+            out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
+            try:
+                run_task(args, task, env_args, policy, out)
+            except APIError as e:
+                raise SystemExit(str(e)) from None
+            except KeyboardInterrupt:
+                preempt.stop(f"the finished episodes are in {out}/rollouts.jsonl" if out
+                             else "nothing is kept (no --out)")
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ from collections import Counter
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags,
-                    checkpoint_to_resume, disk_full_says_what_is_kept, finish_save, load_env,
+from common import (GRAD_CLIP, TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least,
+                    check_flags, checkpoint_to_resume, disk_full_says_what_is_kept, finish_save, load_env,
                     load_model, lr_at, non_negative, out_of_memory_says, pad_batch, parse_env_args,
                     positive, save_checkpoint, save_run, start_or_resume, start_run, token_logprobs,
                     token_microbatches, train_autocast)
@@ -336,7 +336,11 @@ def parse_args(argv=None):
 
 
 def main():
-    args = parse_args()
+    with Preemption() as preempt:  # SIGTERM, Ctrl-C: the step in flight ends, is saved, then exit
+        train(parse_args(), preempt)
+
+
+def train(args, preempt):
     t_start = time.time()
     rank, world, device = start_run(args)  # under torchrun, rank 0 alone prints and writes files
     os.makedirs(args.out, exist_ok=True)
@@ -438,6 +442,9 @@ def main():
             run_eval()  # the other ranks wait at the next collective
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             save()
+        if preempt.due() and step < args.steps:
+            save()
+            preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
 
     exploiter(step, greedy, model, tokenizer, last=True)  # the last step's verdict, if not made
     if rank == 0:

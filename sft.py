@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags,
-                    checkpoint_to_resume, disk_full_says_what_is_kept, load_env, load_model, lr_at,
+from common import (GRAD_CLIP, TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least,
+                    check_flags, checkpoint_to_resume, disk_full_says_what_is_kept, load_env, load_model, lr_at,
                     non_negative, pad_batch, parse_env_args, positive, samples_when_served,
                     save_run, start_or_resume, start_run, token_logprobs, token_microbatches,
                     train_autocast)
@@ -277,7 +277,11 @@ def parse_args(argv=None):
 
 
 def main():
-    args = parse_args()
+    with Preemption() as preempt:  # SIGTERM, Ctrl-C: the step in flight ends, is saved, then exit
+        train(parse_args(), preempt)
+
+
+def train(args, preempt):
     t_start = time.time()
     rank, world, device = start_run(args)  # under torchrun, rank 0 alone prints and writes files
     env = load_env(args.env, args.env_args)
@@ -366,6 +370,9 @@ def main():
             run_eval(step)  # the other ranks wait for rank 0 at the next gradient all-reduce
         if args.save_every and step % args.save_every == 0 and step < total:
             save(step)
+        if preempt.due() and step < total:
+            save(step)
+            preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
 
     # ---- final eval and save
     if rank == 0:

@@ -99,6 +99,9 @@ def run_main(script, argv, env_dir=None):
     try:
         with contextlib.redirect_stdout(out):
             module.main()
+    except BaseException:  # a run that stops (SystemExit, a signal) still shows what it printed
+        print(out.getvalue(), end="")
+        raise
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         torch.set_num_threads(threads)

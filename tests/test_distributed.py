@@ -5,6 +5,7 @@ train the same weights as one process (up to float rounding: the sums are split 
 metrics, resume from a checkpoint written by any number of ranks, and leave only rank 0's files."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -150,3 +151,28 @@ def test_alone_there_is_no_process_group():
     assert ranks.start_ranks("cpu", 10) == (0, 1, "cpu")
     assert not torch.distributed.is_initialized()
     assert ranks.sum_over_ranks([1.5, 2]) == [1.5, 2] and ranks.gather_from_ranks("x") == ["x"] and ranks.from_rank0(3) == 3
+
+
+def test_sigterm_to_torchrun_saves_the_step_in_flight_and_one_process_resumes(tiny_model_dir, tmp_path):
+    """SIGTERM to torchrun (what SLURM or Kubernetes send before SIGKILL) reaches every rank; each
+    finishes the step it is in, rank 0 saves it, the job exits 143; one process resumes exactly."""
+    (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    base, env_dir = RL + ["--model", tiny_model_dir, "--steps", "6", "--save_every", "0"], str(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           *base, "--out", two]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": env_dir, "DIST_TIMEOUT": "120"}
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    metrics, deadline = os.path.join(two, "metrics.jsonl"), time.time() + 240
+    while not (os.path.exists(metrics) and '"step": 2' in open(metrics).read()):
+        assert job.poll() is None and time.time() < deadline, job.stdout.read()[-3000:]
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    said = job.communicate(timeout=120)[0]
+    assert job.returncode != 0 and "stopped by SIGTERM: the checkpoint of step" in said, said[-3000:]
+    step = torch.load(os.path.join(two, "trainer_state.pt"), weights_only=False)["step"]
+    assert 2 <= step < 6 and [r["step"] for r in train_lines(two)] == list(range(1, step + 1))
+    run(base + ["--out", one], 0, env_dir)
+    run(base + ["--out", two, "--resume"], 0, env_dir)
+    assert_same_run(one, two)
