@@ -287,9 +287,11 @@ def train(args, preempt):
     env = load_env(args.env, args.env_args)
     # the environment's defaults: its first scripted player teaches, its `keep` rules pick the games
     args.teacher = args.teacher or next(iter(getattr(env, "scripted_players", ())), None)
-    args.keep = args.keep or getattr(env, "keep", "all")
-    check_flags(args, {"keep": (lambda k: keep_rules(k) is not None,
-                                "all, reward>=X or METRIC=VALUE,...")})
+    if args.keep is None:  # a --keep given is checked with the other flags
+        args.keep = getattr(env, "keep", "all")
+        if keep_rules(args.keep) is None:
+            raise SystemExit(f"{args.env}'s keep {args.keep!r}: must be all, reward>=X or "
+                             "METRIC=VALUE,... (give --keep)")
     if args.teacher is None and not args.data:
         raise SystemExit(f"--teacher: {args.env} has no scripted_players; name a teacher (a "
                          "function module:function, an API model with --api_base, or an HF model) "

@@ -118,13 +118,12 @@ UPDATE_FLAGS = {"--loss": "cispo", "--loss_agg": "token", "--eps_high": "0.2", "
 
 
 def rl_args(*argv):
-    """update()'s args from rl.py's own parser: UPDATE_FLAGS, then ARGV (flag, value, ...) over
-    them. A flag added to rl.py then comes with its default, as in a real run, and a value rl.py
-    refuses stops the test. --out is the temporary directory: rl.py's writability probe then goes
-    there, not into the repository's out/."""
-    flags = {**UPDATE_FLAGS, **dict(zip(argv[::2], argv[1::2]))}
-    return rl.parse_args([*(x for flag_value in flags.items() for x in flag_value),
-                          "--out", tempfile.gettempdir()])
+    """update()'s args from rl.py's own parser: UPDATE_FLAGS, then ARGV over them (argparse keeps
+    an option's last value; switches such as --mask_truncated work too). A flag added to rl.py then
+    comes with its default, as in a real run, and a value rl.py refuses stops the test. --out is the
+    temporary directory: rl.py's writability probe then goes there, not into the repository's out/."""
+    flags = [x for flag_value in UPDATE_FLAGS.items() for x in flag_value]
+    return rl.parse_args([*flags, *argv, "--out", tempfile.gettempdir()])
 
 
 @pytest.fixture

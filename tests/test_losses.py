@@ -1,23 +1,15 @@
 """The loss variants of rl.py against their references: GSPO and Dr. GRPO against TRL 1.16's
 GRPOTrainer._compute_loss (transcribed below: TRL is not a dependency), truncated importance
 sampling, truncation masking and DAPO's dynamic sampling through update() and the step."""
-import tempfile
-
 import pytest
 import torch
 
 import rl
 from rl import dynamic_sampling, loss_weights, policy_loss, update
-from test_learning import (NO_AMP, UPDATE_FLAGS, Recorder, episode_logp, fresh, hand_batch,  # noqa: F401
-                           reference_grads, unclipped)
+from test_learning import (NO_AMP, Recorder, episode_logp, fresh, hand_batch,  # noqa: F401
+                           reference_grads, rl_args, unclipped)
 
 T = torch.tensor
-
-
-def rl_args(*argv):
-    """update()'s args through rl.py's parser: the tests' UPDATE_FLAGS, then ARGV."""
-    flags = [x for flag_value in UPDATE_FLAGS.items() for x in flag_value]
-    return rl.parse_args([*flags, *argv, "--out", tempfile.gettempdir()])
 
 
 def trl_loss(logps, old, adv, mask, level, loss_type, eps_low, eps_high, max_completion_length=None,
