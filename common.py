@@ -20,7 +20,8 @@ import tempfile
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ranks import check_ranks_agree, start_ranks, sum_over_ranks, wait_for_rank0
+from ranks import (check_ranks_agree, full_weights, is_sharded, load_optimizer_state,
+                   local_optimizer_state, start_ranks, sum_over_ranks, wait_for_rank0)
 
 # ----------------------------------------------------------------------------- environments
 def parse_env_args(env_args):
@@ -181,7 +182,9 @@ def decoder_hidden(model, ids):
     decoder = model.get_decoder()
     B, T = ids.shape
     prefix = int((ids == ids[:1]).all(0).long().cumprod(0).sum().clamp(max=T - 1))  # shared by all
-    if B == 1 or prefix < 8 or getattr(decoder, "gradient_checkpointing", False):
+    # --fsdp outside ranks.gathered: one forward a call, as every rank must gather the same weights
+    one_pass = getattr(decoder, "gradient_checkpointing", False) or is_sharded(decoder)
+    if B == 1 or prefix < 8 or one_pass:
         return decoder(input_ids=ids).last_hidden_state
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
     kv = plain_cache_layers(returned_cache(head))
@@ -216,6 +219,18 @@ def token_logprobs(model, ids, mask, temp, chunk=2048):
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 
+class Scorer(torch.nn.Module):
+    """token_logprobs(model, ...) as a module, the one training calls: under it --fsdp shards the
+    model (ranks.shard), and a forward through it gathers what no decoder layer holds."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask, temp):
+        return token_logprobs(self.model, ids, mask, temp)
+
+
 # ----------------------------------------------------------------------------- training runs
 @contextlib.contextmanager
 def out_of_memory_says(what_to_lower):
@@ -230,6 +245,12 @@ GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # GPU models this big: --grad_ckpt auto on,
 GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
 
 
+def clip_gradients(model):
+    """Clip the gradient's norm to GRAD_CLIP; returns the norm before, a number (maybe inf or nan)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # --fsdp: a DTensor
+
+
 def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_every):
     """Optimizer and run flags shared by sft.py and rl.py; the defaults differ per script."""
     p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
@@ -240,6 +261,8 @@ def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_ev
                    choices=["auto", "on", "off"], help="gradient checkpointing in the transformer "
                    "(less memory, slower; --grad_ckpt alone: on). auto: on for a model of "
                    f"{GRAD_CKPT_AUTO_PARAMS // 10**6}M+ parameters on a GPU, off otherwise")
+    p.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights, gradients "
+                   "and optimizer state over the ranks (FSDP2), not a whole copy each")
     p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
     p.add_argument("--resume", action="store_true", help="continue exactly from DIR's checkpoint")
     p.add_argument("--eval_every", type=int, default=eval_every,
@@ -371,11 +394,26 @@ def start_run(args):
     return rank, world, device
 
 
-def save_run(model, tokenizer, out, rank, trainer_state, extra_json):
-    """Checkpoint and RNG states, saved by rank 0 once all ranks checked their weights agree."""
-    check_ranks_agree(model)
+def save_run(model, tokenizer, out, rank, trainer_state, extra_json, opt=None):
+    """Checkpoint, optimizer and RNG states, which rank 0 completes: the weights once all ranks
+    checked theirs agree, or under --fsdp gathered to it, each rank's optimizer part beside them
+    (optimizer.rankR.pt: resume joins the parts, for any number of ranks). Every rank calls it."""
+    state, weights, tmp = {**trainer_state, "rng": rng_state()}, None, out.rstrip("/") + ".tmp"
+    if not is_sharded(model):
+        check_ranks_agree(model)
+        state.update({"optimizer": opt.state_dict()} if opt else {})
+    else:
+        weights = full_weights(model)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        wait_for_rank0(f"creation of {tmp}")
+        if opt:
+            torch.save(local_optimizer_state(opt), os.path.join(tmp, f"optimizer.rank{rank}.pt"))
+            state["optimizer_ranks"] = torch.distributed.get_world_size()
+        wait_for_rank0(f"every rank's optimizer part in {tmp}")
     if rank == 0:
-        save_checkpoint(model, tokenizer, out, {**trainer_state, "rng": rng_state()}, extra_json)
+        save_checkpoint(model, tokenizer, out, state, extra_json, weights)
 
 
 def checkpoint_to_resume(args, rank=0):
@@ -402,12 +440,15 @@ def start_or_resume(args, opt, resume, rank=0):
         return {"step": 0}
     try:  # a checkpoint is data: loading it never runs code that someone pickled into it
         ts = torch.load(state_path, weights_only=True)
+        parts = [torch.load(os.path.join(args.out, f"optimizer.rank{r}.pt"), mmap=True,
+                            weights_only=True) for r in range(ts.get("optimizer_ranks", 0))]
     except pickle.UnpicklingError as e:
         raise SystemExit(
-            f"{state_path} holds more than tensors and plain data, which could run code when "
-            f"loaded: refusing it. This project's checkpoints never do; resume from one of them, "
-            f"or start fresh without --resume.\n  ({str(e).splitlines()[0][:200]})")
-    opt.load_state_dict(ts.pop("optimizer"))  # the returned state holds no second copy of it
+            f"{args.out}'s trainer state holds more than tensors and plain data, which could run "
+            "code when loaded: refusing it. This project's checkpoints never do; resume from one "
+            f"of them, or start fresh without --resume.\n  ({str(e).splitlines()[0][:200]})")
+    # the returned state holds no second copy of the optimizer's (parts: --fsdp's, per rank)
+    load_optimizer_state(opt, *([parts[0], parts[1:]] if parts else [ts.pop("optimizer")]))
     set_rng_state(ts["rng"])
     if os.path.exists(metrics_path) and rank == 0:  # keep whole lines from before the checkpoint
         rows = open(metrics_path).readlines()[:ts.get("log_lines")]
@@ -426,17 +467,19 @@ def samples_when_served(model):
     g.do_sample, g.top_k, g.top_p, g.temperature = True, 0, 1.0, 1.0
 
 
-def save_checkpoint(model, tokenizer, out, trainer_state, extra_json):
+def save_checkpoint(model, tokenizer, out, trainer_state, extra_json, weights=None):
     """save_pretrained + trainer state into OUT.tmp, swapped in by finish_save; trainer_state.pt is
-    written last (atomically), so a crash leaves the old or a complete new checkpoint."""
+    written last (atomically), so a crash leaves the old or a complete new checkpoint. `weights`:
+    --fsdp's gathered state dict, OUT.tmp then made by save_run and holding the optimizer's parts."""
     tmp = out.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if weights is None:
+        shutil.rmtree(tmp, ignore_errors=True)
     # the log's length now: --resume drops what is logged after this checkpoint (its step included)
     metrics_path = os.path.join(out, "metrics.jsonl")
     log_lines = sum(1 for _ in open(metrics_path)) if os.path.exists(metrics_path) else 0
     trainer_state = {**trainer_state, "log_lines": log_lines}
     samples_when_served(model)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(tmp)
     for name, obj in extra_json.items():
         with open(os.path.join(tmp, name), "w") as f:

@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from common import GRAD_CKPT_AUTO_PARAMS, cache_kwarg, head_logprobs
+from common import GRAD_CKPT_AUTO_PARAMS, Scorer, cache_kwarg, head_logprobs, on_device
+from ranks import held_per_rank, shard
 
 
 # what _row_delta uses of a Qwen3.5 linear-attention module: a model lacking one does not `fit`
@@ -412,6 +413,21 @@ def enable_grad_ckpt(model, setting, device):
         (getattr(model, "activation_checkpointing_enable", None)
          or model.gradient_checkpointing_enable)()
     return on
+
+
+def scorer_to_train(model, args, device):
+    """The common.Scorer that training calls, the model's layers checkpointed per --grad_ckpt and,
+    under --fsdp, sharded over the ranks (ranks.shard; the model loaded on the CPU, so that no GPU
+    holds it whole). Prints what each rank holds."""
+    enable_grad_ckpt(model, args.grad_ckpt, device)
+    scorer = Scorer(model)
+    if args.fsdp:
+        if not torch.distributed.is_initialized():
+            raise SystemExit("--fsdp shards the model over torchrun's ranks: run under torchrun "
+                             "(torchrun --nproc_per_node N ...), or leave --fsdp out")
+        scorer = on_device(shard(scorer, device), device)
+    print(held_per_rank(model))
+    return scorer
 
 
 def compile_layers(model, setting, device, backend="inductor"):

@@ -38,14 +38,15 @@ from collections import Counter
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least,
-                    check_flags, checkpoint_to_resume, disk_full_says_what_is_kept, finish_save, load_env,
-                    load_model, lr_at, non_negative, out_of_memory_says, pad_batch, parse_env_args,
-                    positive, save_checkpoint, save_run, start_or_resume, start_run, token_logprobs,
+from common import (TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least, check_flags,
+                    checkpoint_to_resume, clip_gradients, disk_full_says_what_is_kept, finish_save,
+                    load_env, load_model, lr_at, non_negative, out_of_memory_says, pad_batch,
+                    parse_env_args, positive, save_run, start_or_resume, start_run,
                     token_microbatches, train_autocast)
-from engine import compile_layers, compiled_layers, enable_grad_ckpt
+from engine import compile_layers, compiled_layers, scorer_to_train
 from eval import evaluate_standard, plot_curves
-from ranks import from_rank0, gather_from_ranks, my_share, stop_ranks, sum_gradients, sum_over_ranks
+from ranks import (empty_passes, from_rank0, gather_from_ranks, gathered, my_share, passes_behind,
+                   stop_ranks, sum_gradients, sum_over_ranks)
 from sample import HFPolicy, rollout, rollout_metrics, show
 
 MAX_BAD_STEPS = 3  # non-finite updates in a row before a run stops
@@ -142,14 +143,15 @@ def loss_weights(n_tokens, loss_agg, batch_tokens, batch_episodes, max_episode_t
 
 
 # ----------------------------------------------------------------------------- 4. the update
-def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=None,
+def update(scorer, records, adv, args, opt, amp, ref=None, first=0, batch=None,
            max_episode_tokens=None):
     """The optimizer step(s) of a batch of rollouts with advantages adv (B,): --minibatch episodes
     a step, each taken --ppo_epochs times, the ratio against the logprobs before the first;
     micro-batches of at most --token_budget padded tokens. Under torchrun `records` are episodes
     first.. of the step's `batch`. --mask_truncated: an episode cut off (a reply at
-    --max_new_tokens, or its metric cut_off) has no loss token, as TRL's."""
-    batch = batch or len(records)
+    --max_new_tokens, or its metric cut_off) has no loss token, as TRL's. scorer, ref: the policy's
+    and the reference's common.Scorer."""
+    model, batch = scorer.model, batch or len(records)
     cut = lambda r: args.mask_truncated and (r["truncated"] or r["metrics"].get("cut_off"))
     n_tokens = [0 if cut(r) else sum(r["mask"][1:]) for r in records]  # t + 1 is predicted at t
     weights = loss_weights(n_tokens, args.loss_agg, sum_over_ranks([sum(n_tokens)])[0], batch,
@@ -160,42 +162,45 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                    for lo in range(0, batch, per_step)]
     several_steps = args.ppo_epochs > 1 or len(minibatches) > 1
 
-    def micro_batches(episodes):
-        """(episodes, ids, mask, advantage, weight and sampler's logprob per token) of each."""
-        for micro in token_microbatches([len(records[i]["ids"]) for i in episodes],
-                                        args.token_budget):
-            micro = [episodes[j] for j in micro]
-            ids, mask = pad_batch(([records[i]["ids"] for i in micro],
-                                   [records[i]["mask"] for i in micro]), 0, model.device)  # (B, T)
-            per_token = lambda vals: torch.cat([torch.full((n_tokens[i],), float(vals[i]))
-                                                for i in micro]).to(model.device)  # (N,)
-            sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:],
-                                                                       records[i]["mask"][1:]) if m])
-            yield micro, ids, mask, per_token(adv.tolist()), per_token(weights), sampled
+    def micro_batches(episodes):  # lists of episodes, of at most --token_budget padded tokens
+        return [[episodes[j] for j in micro] for micro in token_microbatches(
+            [len(records[i]["ids"]) for i in episodes], args.token_budget)]
+
+    def tensors(micro):
+        """ids, mask (B, T); each loss token's advantage, weight, sampler's logprob (N,)."""
+        ids, mask = pad_batch(([records[i]["ids"] for i in micro],
+                               [records[i]["mask"] for i in micro]), 0, model.device)  # (B, T)
+        per_token = lambda vals: torch.cat([torch.full((n_tokens[i],), float(vals[i]))
+                                            for i in micro]).to(model.device)  # (N,)
+        sampled = torch.tensor([lp for i in micro for lp, m in zip(records[i]["logprobs"][1:],
+                                                                   records[i]["mask"][1:]) if m])
+        return ids, mask, per_token(adv.tolist()), per_token(weights), sampled
 
     with compiled_layers(model):  # on a GPU a big model's layers run compiled
         before = {}  # episode -> (logprobs before any update, the reference's), from a no-grad pass
-        if several_steps or args.beta > 0:
-            with torch.no_grad(), amp:
-                for micro, ids, mask, *_ in micro_batches(trained):
+        if several_steps or args.beta > 0:  # (--fsdp: on the gathered weights, rank by rank)
+            with torch.no_grad(), amp, gathered(scorer), gathered(ref):
+                for micro in micro_batches(trained):
+                    ids, mask, *_ = tensors(micro)
                     sizes = [n_tokens[i] for i in micro]
-                    old = token_logprobs(model, ids, mask, args.temp)[0].split(sizes)
-                    ref = token_logprobs(ref_model, ids, mask, args.temp)[0].split(sizes) \
-                        if ref_model else [None] * len(micro)
-                    before.update({i: (o, r) for i, o, r in zip(micro, old, ref)})
+                    old = scorer(ids, mask, args.temp)[0].split(sizes)
+                    refs = ref(ids, mask, args.temp)[0].split(sizes) if ref else [None] * len(micro)
+                    before.update({i: (o, r) for i, o, r in zip(micro, old, refs)})
 
         sums, grad_norm, skipped = Counter(), 0.0, 0
         for epoch in range(args.ppo_epochs):
             for minibatch in minibatches:
                 if not sum_over_ranks([len(minibatch)])[0]:  # no rank has a gradient: no step
                     continue
-                total_loss = 0.0
-                for micro, ids, mask, adv_tok, weight_tok, sampled in micro_batches(minibatch):
+                micros = micro_batches(minibatch)
+                total_loss, behind = 0.0, passes_behind(scorer, len(micros))  # --fsdp: see ranks
+                for micro in micros:
+                    ids, mask, adv_tok, weight_tok, sampled = tensors(micro)
                     with amp:
-                        logp, entropy = token_logprobs(model, ids, mask, args.temp)  # (N,)
+                        logp, entropy = scorer(ids, mask, args.temp)  # (N,)
                     old_logp = torch.cat([before[i][0] for i in micro]) if several_steps \
                         else logp.detach()
-                    ref_logp = torch.cat([before[i][1] for i in micro]) if ref_model else None
+                    ref_logp = torch.cat([before[i][1] for i in micro]) if ref else None
                     gap = old_logp.float().cpu() - sampled  # trainer vs sampler logprobs
                     is_weight = gap.exp().clamp(max=args.tis_cap).to(logp.device) \
                         if args.tis_cap else None
@@ -204,18 +209,19 @@ def update(model, records, adv, args, opt, amp, ref_model=None, first=0, batch=N
                                                 [n_tokens[i] for i in micro], is_weight)
                     loss.backward()
                     total_loss += loss.item()
-                    kl = kl_k3(logp.detach(), ref_logp).sum().item() if ref_model else 0.0
+                    kl = kl_k3(logp.detach(), ref_logp).sum().item() if ref else 0.0
                     sums.update({"entropy": entropy.sum().item(), "clip_frac": clipped.sum().item(),
                                  "tokens": len(logp), "train_tokens": mask.numel(), "kl": kl,
                                  "logp_mismatch": gap.abs().sum().item() if epoch == 0 else 0.0})
+                empty_passes(scorer, behind, amp)
                 sum_gradients(model)
                 total_loss = sum_over_ranks([total_loss])[0]
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-                if math.isfinite(total_loss) and torch.isfinite(norm):
+                norm = clip_gradients(model)
+                if math.isfinite(total_loss) and math.isfinite(norm):
                     opt.step()
-                    grad_norm = norm.item()
+                    grad_norm = norm
                 else:
-                    print(f"warning: non-finite loss {total_loss} or grad norm {norm.item()}: "
+                    print(f"warning: non-finite loss {total_loss} or grad norm {norm}: "
                           "update skipped")
                     skipped += 1
                 opt.zero_grad(set_to_none=True)
@@ -247,23 +253,26 @@ class Exploiter:
         if resume and rank == 0:
             finish_save(self.best_dir)  # a save of the best weights that a crash interrupted
 
-    def __call__(self, step, policy, model, tokenizer, last=False):
-        """The verdict at `step` where it is due; True when exploit_stop ends the run here."""
+    def __call__(self, step, policy, scorer, tokenizer, last=False):
+        """The verdict at `step` where it is due; True when exploit_stop ends the run here. Every
+        rank calls it (rank 0 judges, all save)."""
         if self.every and self.step != step and (last or self.replays is None
                                                  or step % self.every == 0):
-            found = None
-            model.eval()
-            if self.rank == 0:
-                t0, (summary, score, found) = time.time(), self.env.exploit(policy)
-                self.log(step, {**{f"exploit_{k}": v for k, v in summary.items()},
-                                "exploit_s": time.time() - t0})
-                if self.best is None or list(score) <= self.best["score"]:
-                    self.best = {"score": list(score), "step": step}
-                    save_checkpoint(model, tokenizer, self.best_dir, {"step": step},
-                                    {"exploit.json": {"step": step, **summary}})
-                print(f"exploit: step {step} scores {list(score)}, {len(found)} to replay; the "
-                      f"best: step {self.best['step']}, {self.best_dir}")
-            found, self.best = from_rank0((found, self.best))
+            found = better = summary = None
+            scorer.model.eval()
+            with gathered(scorer):
+                if self.rank == 0:
+                    t0, (summary, score, found) = time.time(), self.env.exploit(policy)
+                    self.log(step, {**{f"exploit_{k}": v for k, v in summary.items()},
+                                    "exploit_s": time.time() - t0})
+                    better = self.best is None or list(score) <= self.best["score"]
+                    self.best = {"score": list(score), "step": step} if better else self.best
+                    print(f"exploit: step {step} scores {list(score)}, {len(found)} to replay; "
+                          f"the best: step {self.best['step']}, {self.best_dir}")
+            found, self.best, better = from_rank0((found, self.best, better))
+            if better:
+                save_run(scorer.model, tokenizer, self.best_dir, self.rank, {"step": step},
+                         {"exploit.json": {"step": step, **(summary or {})}})
             if not last or step % self.every == 0:  # last: the replays of a resume with more steps
                 self.replays, self.step = found, step
         if self.stop and self.replays == [] and self.step == step:
@@ -353,11 +362,13 @@ def train(args, preempt):
     env = load_env(args.env, env_args, defaults={"num_groups": n_examples})
     exploiter = Exploiter(env, args.exploit, args.out, rank, log, resume)
     # the model, the frozen reference (--beta), the sampling and greedy policies, the optimizer
-    model, tokenizer = load_model(args.out if resume else args.model, device, train=True)
-    ref_model = load_model(args.model, device)[0].eval().requires_grad_(False) \
-        if args.beta > 0 else None
-    enable_grad_ckpt(model, args.grad_ckpt, device)
-    compile_layers(model, "auto", device)
+    # (--fsdp: loaded on the CPU, then sharded over the ranks' devices)
+    model, tokenizer = load_model(args.out if resume else args.model,
+                                  "cpu" if args.fsdp else device, train=True)
+    scorer = scorer_to_train(model, args, device)
+    ref = scorer_to_train(load_model(args.model, "cpu" if args.fsdp else device)[0].eval()
+                          .requires_grad_(False), args, device) if args.beta > 0 else None
+    compile_layers(model, "off" if args.fsdp else "auto", device)
     play = dict(model=model, tokenizer=tokenizer, system_prompt=env.system_prompt,
                 max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, engine=args.engine,
                 tools=getattr(env, "tools", None))
@@ -370,18 +381,20 @@ def train(args, preempt):
 
     def save():
         state = dict(zip(Exploiter.KEYS, (exploiter.replays, exploiter.step, exploiter.best)))
-        save_run(model, tokenizer, args.out, rank, {"optimizer": opt.state_dict(), "step": step,
-                                                     **state}, {"rl_args.json": vars(args)})
+        save_run(model, tokenizer, args.out, rank, {"step": step, **state},
+                 {"rl_args.json": vars(args)}, opt)
         if rank == 0:
             plot_curves([("", os.path.join(args.out, "metrics.jsonl"))],
                         os.path.join(args.out, "curves.png"), getattr(env, "curve_panels", None))
 
-    def run_eval():  # each evaluation setting's environment is built once (eval_envs)
+    def run_eval():  # every rank calls it, rank 0 evaluates; each setting's environment built once
         model.eval()
-        evals = evaluate_standard(args.env, env_args, greedy, args.eval_n, 10_000 + args.seed,
-                                  args.out, eval_envs)
-        log.evals(step, evals)
-        print("\n".join(show(recs[0]) for _, recs in evals.values()))
+        with gathered(scorer):
+            if rank == 0:
+                evals = evaluate_standard(args.env, env_args, greedy, args.eval_n,
+                                          10_000 + args.seed, args.out, eval_envs)
+                log.evals(step, evals)
+                print("\n".join(show(recs[0]) for _, recs in evals.values()))
 
     def draw(k):  # the step's examples (k = 0) or its k-th extra draw's, and their first number
         examples = env.examples(n_examples, seed=args.seed * 1_000_003 + step + k * EXTRA_DRAW)
@@ -396,14 +409,15 @@ def train(args, preempt):
     steps_run, steps_with_signal = 0, 0
     while step < args.steps:
         model.eval()
-        if exploiter(step, greedy, model, tokenizer):
+        if exploiter(step, greedy, scorer, tokenizer):
             break
         t0, tokens0 = time.time(), policy.gen_tokens
         # 1. rollouts: `group` episodes of each of the step's examples, a function of (seed, step)
-        examples, first_index = draw(0)
-        records = sample_rollouts(env, examples, policy, args.group, first_index)
-        records, draws = dynamic_sampling(env, records, draw, policy, args.group,
-                                          args.dynamic_sampling)
+        with gathered(scorer):  # --fsdp: each rank rolls out on the whole model
+            examples, first_index = draw(0)
+            records = sample_rollouts(env, examples, policy, args.group, first_index)
+            records, draws = dynamic_sampling(env, records, draw, policy, args.group,
+                                              args.dynamic_sampling)
         t_gen = time.time() - t0
         # 2. advantages: each episode's reward minus the mean of its example's group
         adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)
@@ -412,7 +426,7 @@ def train(args, preempt):
         model.train()
         with out_of_memory_says(f"in the update: lower --token_budget (now {args.token_budget}) "
                                 "or add --grad_ckpt"):
-            stats = update(model, records, adv, args, opt, amp, ref_model, first * args.group,
+            stats = update(scorer, records, adv, args, opt, amp, ref, first * args.group,
                            args.batch, env.max_turns * args.max_new_tokens)
         t_train, step = time.time() - t0 - t_gen, step + 1
         bad_steps = bad_steps + 1 if stats["skipped"] else 0
@@ -427,7 +441,7 @@ def train(args, preempt):
                  train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
                  step_time=time.time() - t0, skipped_updates=stats["skipped"])
         m.update({"draws": max(s[3] for s in shares)} if args.dynamic_sampling else {},
-                 **({"kl": stats["kl"]} if ref_model else {}))
+                 **({"kl": stats["kl"]} if ref else {}))
         if device.startswith("cuda"):
             m["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         log(step, m)
@@ -438,17 +452,16 @@ def train(args, preempt):
         if bad_steps >= MAX_BAD_STEPS:
             raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good "
                              f"checkpoint is in {args.out}; lower --lr, or check the model's dtype.")
-        if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            run_eval()  # the other ranks wait at the next collective
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            run_eval()
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             save()
         if preempt.due() and step < args.steps:
             save()
             preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
 
-    exploiter(step, greedy, model, tokenizer, last=True)  # the last step's verdict, if not made
-    if rank == 0:
-        run_eval()
+    exploiter(step, greedy, scorer, tokenizer, last=True)  # the last step's verdict, if not made
+    run_eval()
     save()
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
     if rank == 0 and steps_run and not steps_with_signal:

@@ -303,8 +303,10 @@ class GenerateEngine:
         config = GenerationConfig(max_new_tokens=policy.max_new_tokens, do_sample=False, top_k=50,
                                   eos_token_id=policy.chat.stop_ids, pad_token_id=policy.pad_id)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            # synced_gpus off: under --fsdp each rank generates alone, on the gathered weights
             self.model.generate(input_ids=ids.to(device), attention_mask=att.to(device),
-                                generation_config=config, logits_processor=LogitsProcessorList([choose]))
+                                generation_config=config, synced_gpus=False,
+                                logits_processor=LogitsProcessorList([choose]))
         return policy.replies(torch.stack(draw.tokens, 1), torch.stack(draw.logprobs, 1))
 
 

@@ -28,14 +28,14 @@ import time
 
 import torch
 
-from common import (GRAD_CLIP, TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least,
-                    check_flags, checkpoint_to_resume, disk_full_says_what_is_kept, load_env, load_model, lr_at,
-                    non_negative, pad_batch, parse_env_args, positive, samples_when_served,
-                    save_run, start_or_resume, start_run, token_logprobs, token_microbatches,
+from common import (TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least, check_flags,
+                    checkpoint_to_resume, clip_gradients, disk_full_says_what_is_kept, load_env,
+                    load_model, lr_at, non_negative, pad_batch, parse_env_args, positive,
+                    samples_when_served, save_run, start_or_resume, start_run, token_microbatches,
                     train_autocast)
-from engine import enable_grad_ckpt
+from engine import scorer_to_train
 from eval import evaluate_standard
-from ranks import stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
+from ranks import empty_passes, gathered, passes_behind, stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
 from policies import FunctionPolicy, ScriptedPolicy, add_api_args, is_function_spec, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 
@@ -167,15 +167,15 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
 
 
 # ----------------------------------------------------------------------------- the SFT loss
-def sft_loss(model, rows, context_loss, pad_id):
+def sft_loss(scorer, rows, context_loss, pad_id):
     """Summed next-token loss of right-padded (ids, mask) rows: weight 1 on replies (mask 1),
     `context_loss` on other real tokens, 0 on padding. Returns (loss tensor, reply nll, context nll,
-    context tokens), the last three as numbers."""
-    ids, mask = pad_batch(([r[0] for r in rows], [r[1] for r in rows]), pad_id, model.device)
+    context tokens), the last three as numbers. scorer: the model's common.Scorer."""
+    ids, mask = pad_batch(([r[0] for r in rows], [r[1] for r in rows]), pad_id, scorer.model.device)
     real = (torch.arange(ids.shape[1], device=ids.device)[None]
             < torch.tensor([len(r[0]) for r in rows], device=ids.device)[:, None])  # (B, T) as ids
     w = mask + context_loss * (1 - mask) * real  # (B, T)
-    logp = token_logprobs(model, ids, w, 1.0)[0]  # (N,): every token with a weight
+    logp = scorer(ids, w, 1.0)[0]  # (N,): every token with a weight
     keep = w[:, 1:] > 0  # (B, T-1): the positions token_logprobs scored
     w, reply = w[:, 1:][keep], mask[:, 1:][keep].bool()  # (N,), (N,)
     loss = -(logp * w).sum()
@@ -301,10 +301,12 @@ def train(args, preempt):
     user_data = read_data(args.data) if args.data and rank == 0 and not resume else None
     # the model is loaded before any game is played or any file written, so a bad --model costs and
     # loses nothing (an HF teacher then plays while the student is in memory)
-    model, tokenizer = load_model(model_path(args, env, rank, resume), device, train=True)
+    # (--fsdp: loaded on the CPU, then sharded over the ranks' devices)
+    model, tokenizer = load_model(model_path(args, env, rank, resume),
+                                  "cpu" if args.fsdp else device, train=True)
     chat = ChatTokens(tokenizer, env.system_prompt, getattr(env, "tools", None))
     encoded = training_data(args, env, chat, rank, resume, user_data)
-    enable_grad_ckpt(model, args.grad_ckpt, device)
+    scorer = scorer_to_train(model, args, device)
 
     # ---- optimizer
     steps_per_epoch = max(1, len(encoded) // args.batch)
@@ -327,19 +329,22 @@ def train(args, preempt):
     log = RunLog(args, rank)
     results, eval_envs = {}, {}
 
-    def run_eval(step):
+    def run_eval(step):  # every rank calls it, rank 0 evaluates
         model.eval()
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64,
                           tools=getattr(env, "tools", None))
-        evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy, args.eval_n, envs=eval_envs)
-        results.update({name: s for name, (s, _) in evals.items()})
-        log.evals(step, evals)
+        with gathered(scorer):
+            if rank == 0:
+                evals = evaluate_standard(args.env, parse_env_args(args.env_args), policy,
+                                          args.eval_n, envs=eval_envs)
+                results.update({name: s for name, (s, _) in evals.items()})
+                log.evals(step, evals)
         model.train()
 
     def save(step):
-        save_run(model, tokenizer, args.out, rank, {"optimizer": opt.state_dict(), "step": step},
+        save_run(model, tokenizer, args.out, rank, {"step": step},
                  {"sft_args.json": vars(args), "sft_results.json": {
-                     "step": step, "eval": results, "wall_s": time.time() - t_start}})
+                     "step": step, "eval": results, "wall_s": time.time() - t_start}}, opt)
 
     model.train()
     amp = train_autocast(device)
@@ -350,17 +355,20 @@ def train(args, preempt):
         n_loss_tokens = sum(sum(encoded[i][1]) for i in idx)  # full batch: each rank divides by it
         idx = idx[rank::world]  # under torchrun: this rank's conversations of the batch
         loss_sum, ctx_sum, n_ctx, n_tok = 0.0, 0.0, 0, 0
-        for mb in token_microbatches([len(encoded[i][0]) for i in idx], args.token_budget):
+        mbs = token_microbatches([len(encoded[i][0]) for i in idx], args.token_budget)
+        behind = passes_behind(scorer, len(mbs))  # --fsdp: empty passes to run, as other ranks'
+        for mb in mbs:
             with amp:
-                loss, reply_nll, ctx_nll, ctx_n = sft_loss(model, [encoded[idx[j]] for j in mb],
+                loss, reply_nll, ctx_nll, ctx_n = sft_loss(scorer, [encoded[idx[j]] for j in mb],
                                                            args.context_loss, chat.eot_id)
             (loss / n_loss_tokens).backward()
             loss_sum, ctx_sum, n_ctx = (loss_sum + reply_nll / n_loss_tokens, ctx_sum + ctx_nll,
                                         n_ctx + ctx_n)
             n_tok += len(mb) * max(len(encoded[idx[j]][0]) for j in mb)
+        empty_passes(scorer, behind, amp)
         sum_gradients(model)  # under torchrun: the whole batch's gradient, on every rank
         loss_sum, ctx_sum, n_ctx, n_tok = sum_over_ranks([loss_sum, ctx_sum, n_ctx, n_tok])
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item()
+        gnorm = clip_gradients(model)
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
@@ -368,8 +376,8 @@ def train(args, preempt):
         ctx = {"context_loss": ctx_sum / n_ctx} if n_ctx else {}
         log(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm,
                    "tokens_per_s": n_tok / dt, "step_time": dt})
-        if rank == 0 and args.eval_every and step % args.eval_every == 0 and step < total:
-            run_eval(step)  # the other ranks wait for rank 0 at the next gradient all-reduce
+        if args.eval_every and step % args.eval_every == 0 and step < total:
+            run_eval(step)
         if args.save_every and step % args.save_every == 0 and step < total:
             save(step)
         if preempt.due() and step < total:
@@ -377,8 +385,7 @@ def train(args, preempt):
             preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
 
     # ---- final eval and save
-    if rank == 0:
-        run_eval(step)
+    run_eval(step)
     save(step)
     print(f"done in {time.time() - t_start:.0f}s: model saved to {args.out}")
     log.close()
