@@ -1,8 +1,10 @@
-"""torchrun data parallelism on this CPU: two processes on the gloo backend against one process, same global batch.
+"""torchrun on this CPU: two processes on the gloo backend against one process, same global batch; data parallel
+(every rank holds the whole model) and --fsdp (each rank holds half of every weight, its gradient and AdamW moments).
 
 Each rank rolls out its share of a step's groups and the gradients are summed over the ranks, so two ranks must
 train the same weights as one process (up to float rounding: the sums are split differently), log the same
-metrics, resume from a checkpoint written by any number of ranks, and leave only rank 0's files."""
+metrics, resume from a checkpoint written by any number of ranks, and leave only rank 0's files (and, with
+--fsdp, one optimizer part per rank)."""
 import json
 import os
 import signal
@@ -90,12 +92,37 @@ def test_rl_two_ranks_train_as_one_process_and_resume_across_rank_counts(tiny_mo
     assert_same_run(one, two)
 
 
+def test_rl_fsdp_two_ranks_train_as_one_process_and_one_process_resumes(tiny_model_dir, tmp_path):
+    """--fsdp with what touches the weights outside the update too: the reference model (--beta, sharded as
+    well), the no-grad pass of --ppo_epochs 2, gradient checkpointing, micro-batches of a small --token_budget
+    (a rank with fewer runs empty ones), evaluation on rank 0 (on the gathered weights)."""
+    from transformers import AutoModelForCausalLM
+    (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    base = RL + ["--model", tiny_model_dir, "--beta", "0.1", "--ppo_epochs", "2", "--grad_ckpt", "on",
+                 "--token_budget", "40", "--eval_every", "2"]
+    run(base + ["--steps", "4", "--out", one], 0, str(tmp_path))
+    assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
+    out = run(base + ["--steps", "2", "--out", two, "--fsdp"], 2, str(tmp_path))
+    assert "held per rank: " in out and "(50% of the model's;" in out
+    assert sorted(os.listdir(two)) == sorted(os.listdir(one) + ["optimizer.rank0.pt", "optimizer.rank1.pt"])
+    AutoModelForCausalLM.from_pretrained(two)  # an ordinary checkpoint, for one process
+    run(base + ["--steps", "4", "--out", two, "--resume"], 0, str(tmp_path))
+    assert_same_run(one, two)
+
+
+def test_fsdp_needs_torchrun(tiny_model_dir, tmp_path):
+    with pytest.raises(SystemExit, match="--fsdp shards the model over torchrun's ranks"):
+        run(RL + ["--model", tiny_model_dir, "--env", "tictactoe", "--fsdp", "--out", str(tmp_path)], 0)
+
+
 def test_rl_exploiter_under_two_ranks_and_one_process_resumed_into_two(tiny_model_dir, tmp_path):
+    """The one-process checkpoint resumed by two ranks with --fsdp: each takes its half of the optimizer state."""
     one, crossed = str(tmp_path / "one"), str(tmp_path / "crossed")
     base = RL + ["--model", tiny_model_dir] + EXPLOIT
     run(base + ["--steps", "4", "--out", one], 0)
     run(base + ["--steps", "2", "--out", crossed], 0)
-    run(base + ["--steps", "4", "--out", crossed, "--resume"], 2)
+    run(base + ["--steps", "4", "--out", crossed, "--resume", "--fsdp"], 2)
     assert_same_run(one, crossed)
     # rank 0 certified the same policies at steps 0, 2, 4 (the 2-step run's final certificate, at step 2, gave the
     # resumed run its replays: not run again)
@@ -106,10 +133,11 @@ def test_rl_exploiter_under_two_ranks_and_one_process_resumed_into_two(tiny_mode
 
 
 def test_sft_two_ranks_train_as_one_process(tmp_path):
-    """--batch 5 over 2 ranks (3 + 2 conversations): the loss is divided by the whole batch's tokens on every rank."""
+    """--batch 5 over 2 ranks (3 + 2 conversations): the loss is divided by the whole batch's tokens on every rank.
+    With --fsdp, and micro-batches of a small --token_budget: a rank with fewer runs empty ones."""
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    run(SFT + ["--out", one], 0)
-    out = run(SFT + ["--out", two], 2)
+    run(SFT + ["--out", one, "--token_budget", "1500"], 0)
+    out = run(SFT + ["--out", two, "--token_budget", "1500", "--fsdp"], 2)
     assert out.count("step 4 | loss") == 1
     rows = [[{k: v for k, v in r.items() if k not in ("tokens_per_s", "step_time")} for r in map(json.loads, open(os.path.join(d, "metrics.jsonl")))]
             for d in (one, two)]
@@ -118,7 +146,7 @@ def test_sft_two_ranks_train_as_one_process(tmp_path):
         assert ra == pytest.approx(rb, rel=1e-5)
     for k, w in weights(one).items():
         torch.testing.assert_close(w, weights(two)[k], rtol=0, atol=1e-5)
-    assert sorted(os.listdir(one)) == sorted(os.listdir(two))
+    assert sorted(os.listdir(two)) == sorted(os.listdir(one) + ["optimizer.rank0.pt", "optimizer.rank1.pt"])
 
 
 HANGING_ENV = DIGITS_ENV.replace("    def examples(self, n, seed=0):\n", """    def examples(self, n, seed=0):
@@ -155,12 +183,13 @@ def test_alone_there_is_no_process_group():
 
 def test_sigterm_to_torchrun_saves_the_step_in_flight_and_one_process_resumes(tiny_model_dir, tmp_path):
     """SIGTERM to torchrun (what SLURM or Kubernetes send before SIGKILL) reaches every rank; each
-    finishes the step it is in, rank 0 saves it, the job exits 143; one process resumes exactly."""
+    finishes the step it is in, the checkpoint is saved (--fsdp: gathered, each rank's optimizer
+    part beside it), the job exits 143; one process resumes exactly."""
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    base, env_dir = RL + ["--model", tiny_model_dir, "--steps", "6", "--save_every", "0"], str(tmp_path)
+    base, env_dir = RL + ["--model", tiny_model_dir, "--steps", "30", "--save_every", "0"], str(tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           *base, "--out", two]
+           *base, "--out", two, "--fsdp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": env_dir, "DIST_TIMEOUT": "120"}
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
@@ -172,7 +201,7 @@ def test_sigterm_to_torchrun_saves_the_step_in_flight_and_one_process_resumes(ti
     said = job.communicate(timeout=120)[0]
     assert job.returncode != 0 and "stopped by SIGTERM: the checkpoint of step" in said, said[-3000:]
     step = torch.load(os.path.join(two, "trainer_state.pt"), weights_only=False)["step"]
-    assert 2 <= step < 6 and [r["step"] for r in train_lines(two)] == list(range(1, step + 1))
+    assert 2 <= step < 30 and [r["step"] for r in train_lines(two)] == list(range(1, step + 1))
     run(base + ["--out", one], 0, env_dir)
     run(base + ["--out", two, "--resume"], 0, env_dir)
     assert_same_run(one, two)

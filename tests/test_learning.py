@@ -15,7 +15,7 @@ import torch
 
 import rl
 from rl import group_advantages, loss_weights, update
-from common import load_model
+from common import Scorer, load_model
 from sample import HFPolicy, rollout
 
 T = torch.tensor
@@ -129,8 +129,8 @@ def rl_args(*argv):
 @pytest.fixture
 def unclipped(monkeypatch):
     """The update's gradient unclipped: the hand computations are of the loss's own gradient."""
-    import rl
-    monkeypatch.setattr(rl, "GRAD_CLIP", 1e9)
+    import common
+    monkeypatch.setattr(common, "GRAD_CLIP", 1e9)
 
 
 class Recorder(torch.optim.SGD):
@@ -201,7 +201,7 @@ def test_update_gradient_equals_hand_computation(tiny_model_dir, torch_single_th
     records, adv = hand_batch()
     args = rl_args("--loss", loss, "--loss_agg", loss_agg, "--token_budget", str(token_budget))
     opt = Recorder(model.parameters(), lr=0.0)
-    stats = update(model, records, adv, args, opt, NO_AMP)
+    stats = update(Scorer(model), records, adv, args, opt, NO_AMP)
     assert len(opt.grads) == 1 and stats["skipped"] == 0
     # on-policy (one step per batch) both losses are REINFORCE: the gradient of -sum w * A * logp
     assert_same_grads(opt.grads[0], reference_grads(model, records, adv, weights, range(4), args))
@@ -219,7 +219,7 @@ def test_update_minibatches_and_ppo_epochs(tiny_model_dir, torch_single_thread, 
     with torch.no_grad():
         old = [episode_logp(model, rec, args.temp) for rec in records]
     opt = Recorder(model.parameters(), lr=0.1)  # steps large enough that ratios leave [0.8, 1.2]
-    stats = update(model, records, adv, args, opt, NO_AMP)
+    stats = update(Scorer(model), records, adv, args, opt, NO_AMP)
     assert len(opt.grads) == 4 and stats["clip_frac"] > 0
     reference = fresh(tiny_model_dir)
     for k, episodes in enumerate([[0, 1], [2], [0, 1], [2]]):  # episode 3 has A = 0: skipped, still weighed
@@ -240,7 +240,7 @@ def test_update_kl_to_the_reference_model(tiny_model_dir, torch_single_thread, u
     adv = torch.zeros(4)  # no reward signal at all: the KL term alone moves the model, on every episode
     args = rl_args("--beta", "0.1")
     opt = Recorder(model.parameters(), lr=0.0)
-    update(model, records, adv, args, opt, NO_AMP, ref_model)
+    update(Scorer(model), records, adv, args, opt, NO_AMP, Scorer(ref_model))
     assert_same_grads(opt.grads[0], reference_grads(model, records, adv, [1 / 14] * 4, range(4), args, ref_model=ref_model))
 
 
@@ -256,10 +256,10 @@ def test_trainer_logprobs_match_sampler_at_temperature(sharp_model_dir, short_en
     policy = HFPolicy(model, tok, short_env.system_prompt, temp=temp, max_new_tokens=12)
     records = rollout(short_env, short_env.examples(3, seed=2), policy, group=2, progress=False)
     adv = group_advantages([r["reward"] for r in records], 2) + 0.1  # every episode enters the update
-    stats = update(model, records, adv, rl_args("--temp", str(temp)),
+    stats = update(Scorer(model), records, adv, rl_args("--temp", str(temp)),
                    Recorder(model.parameters(), lr=0.0), NO_AMP)
     assert stats["logp_mismatch"] < 1e-4, stats
-    untempered = update(model, records, adv, rl_args("--temp", "1.0"),
+    untempered = update(Scorer(model), records, adv, rl_args("--temp", "1.0"),
                         Recorder(model.parameters(), lr=0.0), NO_AMP)
     assert untempered["logp_mismatch"] > 0.05, untempered  # the check above can see a wrong temperature
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import rl
+from common import Scorer
 from rl import dynamic_sampling, loss_weights, policy_loss, update
 from test_learning import (NO_AMP, Recorder, episode_logp, fresh, hand_batch,  # noqa: F401
                            reference_grads, rl_args, unclipped)
@@ -123,7 +124,7 @@ def test_mask_truncated_drops_cut_off_episodes_from_the_loss(tiny_model_dir, tor
         r.update(truncated=int(i == 1), metrics={"cut_off": float(i == 2)})
     model = fresh(tiny_model_dir)
     opt = Recorder(model.parameters(), lr=0.0)
-    update(model, records, adv, rl_args("--mask_truncated"), opt, NO_AMP)
+    update(Scorer(model), records, adv, rl_args("--mask_truncated"), opt, NO_AMP)
     want = reference_grads(model, records, adv, [1 / 6] * 4, [0], rl_args())
     for g, w in zip(opt.grads[0], want):
         torch.testing.assert_close(g, w, atol=1e-7, rtol=1e-4)
@@ -145,7 +146,7 @@ def test_tis_cap_weighs_each_token_by_the_capped_ratio(tiny_model_dir, torch_sin
             for t, lp in zip(positions, sampled[i].tolist()):
                 r["logprobs"][t] = lp
     opt = Recorder(model.parameters(), lr=0.0)
-    update(model, records, adv, args, opt, NO_AMP)
+    update(Scorer(model), records, adv, args, opt, NO_AMP)
     model.zero_grad(set_to_none=True)
     total = 0.0
     for i in (0, 1, 2):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import env_tictactoe
-from common import load_model
+from common import Scorer, load_model
 from conftest import run_main
 from sample import ChatTokens
 
@@ -52,7 +52,7 @@ def test_sft_loss_weights_assistant_and_context_tokens(tiny_model_dir):
     rows = [chat.encode_conversation(msgs), chat.encode_conversation(msgs[:3])]  # two lengths: the second is padded
     with torch.no_grad():
         for lam in (0.0, 0.5):
-            loss, reply_nll, ctx_nll, n_ctx = sft_loss(model, rows, lam, chat.eot_id)
+            loss, reply_nll, ctx_nll, n_ctx = sft_loss(Scorer(model), rows, lam, chat.eot_id)
             want_reply = want_ctx = 0.0
             for ids, mask in rows:
                 logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)  # (T-1, V)
