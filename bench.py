@@ -43,7 +43,7 @@ import zlib
 import torch
 
 import rl
-from common import on_device, pick_device, train_autocast
+from common import Scorer, on_device, pick_device, train_autocast
 from engine import compile_layers, enable_grad_ckpt
 from sample import HFPolicy
 
@@ -249,7 +249,7 @@ def rl_step(env, policy, model, rl_args, opt, amp, args, sync, n, around=lambda 
     adv = rl.group_advantages([r["reward"] for r in records], args.group)
     model.train()
     with around("update"):
-        rl.update(model, records, adv, rl_args, opt, amp)
+        rl.update(Scorer(model), records, adv, rl_args, opt, amp)
     sync()
     return records, t1 - t0, time.time() - t1
 

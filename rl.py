@@ -4,6 +4,7 @@ RL with verifiable rewards: a readable GRPO/CISPO loop for one GPU.
     python rl.py --batch 256 --temp 1.1     # GPU: RL from out/sft (a 0.35B-2B model fits one GPU)
     python rl.py --env reverse --batch 64 --group 8 --max_new_tokens 32 --model out/sft_reverse
     torchrun --standalone --nproc_per_node 8 rl.py --batch 256 --temp 1.1   # 8 GPUs, same batch
+    torchrun --standalone --nproc_per_node 8 rl.py --fsdp --model DIR_OF_AN_8B_SFT_MODEL ...
     # CPU smoke run that trains (README, "Your first environment": env_add.py)
     python sft.py --model scratch --env add --max_steps 400 --eval_every 0 --out /tmp/add_sft
     python rl.py --model /tmp/add_sft --env add --batch 64 --group 8 --steps 5 --lr 5e-5 \\
@@ -26,8 +27,9 @@ Simplifications, on purpose:
   4. rollouts on the training weights (sample.py: no vLLM, no async);
   5. a reply the environment forces (its forced_reply hook) is trained like a sampled one;
   6. episodes of advantage 0 skip the backward pass but count in the normaliser;
-  7. under torchrun each rank rolls out its share and the gradients are summed: N ranks take one
-     process's update (with --dynamic_sampling each rank fills its own share).
+  7. under torchrun each rank rolls out its share (--fsdp: on the weights gathered from the
+     ranks' shards) and the gradients are summed: N ranks take one process's update (with
+     --dynamic_sampling each rank fills its own share).
 Writes DIR (out/rl): metrics.jsonl, curves.png, evaluations, checkpoints (+ trainer_state.pt).
 """
 import argparse

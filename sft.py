@@ -15,7 +15,8 @@ end-of-turn tokens, except that the scratch model, which has never read anything
 predict the system and environment messages (--context_loss 0.3): that dense signal teaches it to
 read what the environment says (docs/LESSONS.md).
 Under torchrun each rank trains on its share of each batch (loss over the whole batch's reply
-tokens, gradients summed); rank 0 plays the teacher games, builds a scratch model; others read DIR.
+tokens, gradients summed; --fsdp shards the model over the ranks); rank 0 plays the teacher games,
+builds a scratch model; others read DIR.
 Output: DIR (out/sft), a save_pretrained model (eval.py, rl.py, transformers, vLLM), sft_args.json,
 sft_results.json, metrics.jsonl, data.jsonl (the kept games), trainer_state.pt (for --resume).
 """

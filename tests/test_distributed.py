@@ -76,39 +76,28 @@ def certificates(out):
             if "exploit_lines_lost" in r]
 
 
-def test_rl_two_ranks_train_as_one_process_and_resume_across_rank_counts(tiny_model_dir, tmp_path):
-    (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    base, env_dir = RL + ["--model", tiny_model_dir], str(tmp_path)
-    run(base + ["--steps", "4", "--out", one], 0, env_dir)  # the reference: one process, no process group
-    assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
-    out = run(base + ["--steps", "2", "--out", two], 2, env_dir)  # two ranks, "interrupted" after step 2 ...
-    assert out.count("step 2 | reward") == 1, "only rank 0 prints"
-    # only rank 0 wrote: the same files as one process, every log line once
-    assert sorted(os.listdir(one)) == sorted(os.listdir(two))
-    assert [r["step"] for r in train_lines(two)] == [1, 2]
-    # ... and resumed by one process (the exploiter's test below resumes a one-process checkpoint with two ranks)
-    run(base + ["--steps", "4", "--out", two, "--resume"], 0, env_dir)
-    assert_same_run(one, two)
-
-
-def test_rl_fsdp_two_ranks_train_as_one_process_and_one_process_resumes(tiny_model_dir, tmp_path):
-    """--fsdp with what touches the weights outside the update too: the reference model (--beta, sharded as
-    well), the no-grad pass of --ppo_epochs 2, gradient checkpointing, micro-batches of a small --token_budget
-    (a rank with fewer runs empty ones), evaluation on rank 0 (on the gathered weights)."""
+def test_rl_two_ranks_sharded_then_data_parallel_train_as_one_process(tiny_model_dir, tmp_path):
+    """Two --fsdp ranks for two steps, resumed by two data-parallel ranks for two more: the run of one process.
+    With what touches the weights outside the update too: the reference model (--beta, sharded as well), the
+    no-grad pass of --ppo_epochs 2, gradient checkpointing, micro-batches of a small --token_budget (a rank with
+    fewer runs empty ones), evaluation on rank 0 (on the gathered weights). The FSDP checkpoint is an ordinary
+    one, its optimizer state in one part per rank; one process resumes one in the SIGTERM test below."""
     from transformers import AutoModelForCausalLM
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     base = RL + ["--model", tiny_model_dir, "--beta", "0.1", "--ppo_epochs", "2", "--grad_ckpt", "on",
                  "--token_budget", "40", "--eval_every", "2"]
-    run(base + ["--steps", "4", "--out", one], 0, str(tmp_path))
+    run(base + ["--steps", "4", "--out", one], 0, str(tmp_path))  # the reference: one process
     assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
     out = run(base + ["--steps", "2", "--out", two, "--fsdp"], 2, str(tmp_path))
+    assert out.count("step 2 | reward") == 1, "only rank 0 prints"
     assert "held per rank: " in out and "(50% of the model's;" in out
     assert sorted(os.listdir(two)) == sorted(os.listdir(one) + ["optimizer.rank0.pt", "optimizer.rank1.pt"])
+    assert [r["step"] for r in train_lines(two)] == [1, 2]
     AutoModelForCausalLM.from_pretrained(two)  # an ordinary checkpoint, for one process
-    run(base + ["--steps", "4", "--out", two, "--resume"], 0, str(tmp_path))
+    run(base + ["--steps", "4", "--out", two, "--resume"], 2, str(tmp_path))
     assert_same_run(one, two)
+    assert sorted(os.listdir(one)) == sorted(os.listdir(two)), "only rank 0 wrote, as one process"
 
 
 def test_fsdp_needs_torchrun(tiny_model_dir, tmp_path):
@@ -150,8 +139,9 @@ def test_sft_two_ranks_train_as_one_process(tmp_path):
 
 
 HANGING_ENV = DIGITS_ENV.replace("    def examples(self, n, seed=0):\n", """    def examples(self, n, seed=0):
-        import os, time
-        if os.environ.get("RANK") == "1":  # a rank that stops answering
+        import os, signal, time
+        if os.environ.get("RANK") == "1":  # a rank that stops answering, as if stuck in C code: torchrun's
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # SIGTERM, once rank 0 has failed, ends it at once
             time.sleep(600)
 """)
 
