@@ -78,15 +78,16 @@ def certificates(out):
 
 def test_rl_two_ranks_sharded_then_data_parallel_train_as_one_process(tiny_model_dir, tmp_path):
     """Two --fsdp ranks for two steps, resumed by two data-parallel ranks for two more: the run of one process.
-    With what touches the weights outside the update too: the reference model (--beta, sharded as well), the
-    no-grad pass of --ppo_epochs 2, gradient checkpointing, micro-batches of a small --token_budget (a rank with
-    fewer runs empty ones), evaluation on rank 0 (on the gathered weights). The FSDP checkpoint is an ordinary
-    one, its optimizer state in one part per rank; one process resumes one in the SIGTERM test below."""
+    With what touches the weights outside the update too: the no-grad pass of --ppo_epochs 2, gradient
+    checkpointing, micro-batches of a small --token_budget (episodes of advantage 0 are left out, so a rank may
+    have fewer: it runs empty ones), evaluation on rank 0 (on the gathered weights). The FSDP checkpoint is an
+    ordinary one, its optimizer state in one part per rank; one process resumes one in the SIGTERM test below,
+    with the reference model (--beta) sharded too."""
     from transformers import AutoModelForCausalLM
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    base = RL + ["--model", tiny_model_dir, "--beta", "0.1", "--ppo_epochs", "2", "--grad_ckpt", "on",
-                 "--token_budget", "40", "--eval_every", "2"]
+    base = RL + ["--model", tiny_model_dir, "--ppo_epochs", "2", "--grad_ckpt", "on", "--token_budget", "40",
+                 "--eval_every", "2"]
     run(base + ["--steps", "4", "--out", one], 0, str(tmp_path))  # the reference: one process
     assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
     out = run(base + ["--steps", "2", "--out", two, "--fsdp"], 2, str(tmp_path))
@@ -177,7 +178,8 @@ def test_sigterm_to_torchrun_saves_the_step_in_flight_and_one_process_resumes(ti
     part beside it), the job exits 143; one process resumes exactly."""
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    base, env_dir = RL + ["--model", tiny_model_dir, "--steps", "30", "--save_every", "0"], str(tmp_path)
+    base = RL + ["--model", tiny_model_dir, "--steps", "30", "--save_every", "0", "--beta", "0.1"]
+    env_dir = str(tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            *base, "--out", two, "--fsdp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": env_dir, "DIST_TIMEOUT": "120"}
