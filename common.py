@@ -246,7 +246,7 @@ GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
 
 
 def clip_gradients(model):
-    """Clip the gradient's norm to GRAD_CLIP; returns the norm before, a number (maybe inf or nan)."""
+    """Clip the gradient's norm to GRAD_CLIP; returns the norm before, a number (inf or nan too)."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # --fsdp: a DTensor
 
@@ -261,8 +261,8 @@ def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_ev
                    choices=["auto", "on", "off"], help="gradient checkpointing in the transformer "
                    "(less memory, slower; --grad_ckpt alone: on). auto: on for a model of "
                    f"{GRAD_CKPT_AUTO_PARAMS // 10**6}M+ parameters on a GPU, off otherwise")
-    p.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights, gradients "
-                   "and optimizer state over the ranks (FSDP2), not a whole copy each")
+    p.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights, "
+                   "gradients and optimizer state over the ranks (FSDP2), not a whole copy each")
     p.add_argument("--out", default=out, help="run directory: model checkpoint, logs, evaluations")
     p.add_argument("--resume", action="store_true", help="continue exactly from DIR's checkpoint")
     p.add_argument("--eval_every", type=int, default=eval_every,
@@ -470,7 +470,7 @@ def samples_when_served(model):
 def save_checkpoint(model, tokenizer, out, trainer_state, extra_json, weights=None):
     """save_pretrained + trainer state into OUT.tmp, swapped in by finish_save; trainer_state.pt is
     written last (atomically), so a crash leaves the old or a complete new checkpoint. `weights`:
-    --fsdp's gathered state dict, OUT.tmp then made by save_run and holding the optimizer's parts."""
+    --fsdp's gathered state dict (OUT.tmp then made by save_run, with the optimizer's parts)."""
     tmp = out.rstrip("/") + ".tmp"
     if weights is None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -36,7 +36,8 @@ from common import (TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_lea
                     train_autocast)
 from engine import scorer_to_train
 from eval import evaluate_standard
-from ranks import empty_passes, gathered, passes_behind, stop_ranks, sum_gradients, sum_over_ranks, wait_for_rank0
+from ranks import (empty_passes, gathered, passes_behind, stop_ranks, sum_gradients, sum_over_ranks,
+                   wait_for_rank0)
 from policies import FunctionPolicy, ScriptedPolicy, add_api_args, is_function_spec, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 

@@ -246,15 +246,17 @@ def test_loading_keeps_our_signal_handlers():
 
 
 def test_rl_and_eval_run_on_each_kind_of_environment(tiny_model_dir, tmp_path, torch_single_thread):
+    """rl.py on each kind (its last step evaluates, as eval.py does); eval.py's own command line on the tools
+    environment, the kind with the most moving parts."""
     for name in ("vf_single", "vf_game", "vf_tools"):
         env_args = json.dumps({"path": str(ENVS / f"{name}.py")})
         out = run_main("rl", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "--batch", "4",
                                  "--group", "2", "--steps", "2", "--max_new_tokens", "8", "--eval_every", "0",
-                                 "--out", str(tmp_path / name / "rl")])
-        assert "step 2 |" in out
-        out = run_main("eval", ["--model", str(tmp_path / name / "rl"), "--env", "verifiers", "--env_args", env_args,
-                                   "-n", "2", "--max_new_tokens", "8", "--out", str(tmp_path / name / "eval")])
-        assert "error_rate" in out and "reward" in out
+                                 "--eval_n", "2", "--out", str(tmp_path / name / "rl")])
+        assert "step 2 |" in out and "step 2 | eval_" in out
+    out = run_main("eval", ["--model", str(tmp_path / name / "rl"), "--env", "verifiers", "--env_args", env_args,
+                            "-n", "2", "--max_new_tokens", "8", "--out", str(tmp_path / name / "eval")])
+    assert "error_rate" in out and "reward" in out
 
 
 def test_a_reward_function_that_raises_is_an_error_not_a_silent_zero(tmp_path):
