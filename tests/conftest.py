@@ -56,6 +56,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a slow measurement (e.g. throughput); skipped unless --runslow")
+    config.addinivalue_line("markers", "distributed: tests of torchrun's ranks (jobs of 2 gloo processes, "
+                            "about 90 s in all); -m 'not distributed' leaves them out")
     # transformers 5.24 renamed the cache argument and drops the old name in 5.40: passing it fails a test here
     # rather than a user's run later (common.cache_kwarg)
     config.addinivalue_line("filterwarnings", "error:`past_key_values` is deprecated:FutureWarning")

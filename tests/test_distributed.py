@@ -18,6 +18,9 @@ import torch
 from conftest import run_main
 from test_rl import DIGITS_ENV, train_lines
 
+# torchrun jobs, each bounded twice: DIST_TIMEOUT for a rank left waiting, a subprocess timeout for the job
+pytestmark = pytest.mark.distributed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # rl.py on an environment where a tiny random model gets varied rewards (so every step has a gradient), 4 groups of 4
