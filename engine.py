@@ -426,7 +426,8 @@ def scorer_to_train(model, args, device):
             raise SystemExit("--fsdp shards the model over torchrun's ranks: run under torchrun "
                              "(torchrun --nproc_per_node N ...), or leave --fsdp out")
         scorer = on_device(shard(scorer, device), device)
-    print(held_per_rank(model))
+    if any(p.requires_grad for p in model.parameters()):  # not the frozen reference of --beta
+        print(held_per_rank(model))
     return scorer
 
 

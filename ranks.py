@@ -171,6 +171,8 @@ def empty_passes(scorer, n, amp):
         with amp:
             loss = _one_token(scorer).sum() * 0
         loss.backward()
+
+
 def _units(module):
     from torch.distributed.fsdp import FSDPModule
     return [m for m in module.modules() if isinstance(m, FSDPModule)]
