@@ -83,14 +83,15 @@ def test_rl_two_ranks_sharded_then_data_parallel_train_as_one_process(tiny_model
     """Two --fsdp ranks for two steps, resumed by two data-parallel ranks for two more: the run of one process.
     With what touches the weights outside the update too: the no-grad pass of --ppo_epochs 2, gradient
     checkpointing, micro-batches of a small --token_budget (episodes of advantage 0 are left out, so a rank may
-    have fewer: it runs empty ones), evaluation on rank 0 (on the gathered weights). The FSDP checkpoint is an
-    ordinary one, its optimizer state in one part per rank; one process resumes one in the SIGTERM test below,
-    with the reference model (--beta) sharded too."""
+    have fewer: it runs empty ones), evaluation on rank 0 (on the gathered weights, through generate(), which
+    must not wait for the other ranks after each token). The FSDP checkpoint is an ordinary one, its optimizer
+    state in one part per rank; one process resumes one in the SIGTERM test below, with the reference model
+    (--beta) sharded too. The other tests' runs use the fast engine."""
     from transformers import AutoModelForCausalLM
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     base = RL + ["--model", tiny_model_dir, "--ppo_epochs", "2", "--grad_ckpt", "on", "--token_budget", "40",
-                 "--eval_every", "2"]
+                 "--eval_every", "2", "--engine", "hf"]
     run(base + ["--steps", "4", "--out", one], 0, str(tmp_path))  # the reference: one process
     assert all(r["grad_norm"] > 0 for r in train_lines(one)[1:]), "the reference run has steps without a gradient"
     out = run(base + ["--steps", "2", "--out", two, "--fsdp"], 2, str(tmp_path))
