@@ -26,7 +26,7 @@ timeout 100 python3 -c "import sys; sys.path.insert(0, 'docs'); import gpu_check
 echo "== --fsdp on one GPU (torchrun, 1 rank; NCCL, bf16 gathered weights): each engine, and without --fsdp"
 timeout 120 python3 sft.py --model scratch --n_games 200 --max_steps 200 --eval_every 0 --eval_n 10 \
   --out "$O/fsdp_sft" 2>&1 | grep "^done"
-R="rl.py --model $O/fsdp_sft --batch 64 --group 8 --steps 3 --eval_every 0 --eval_n 10 --temp 1.1"
+R="rl.py --model $O/fsdp_sft --batch 64 --group 8 --steps 3 --eval_every 0 --eval_n 10 --temp 1.1 --max_new_tokens 32"
 for e in fast hf; do
   timeout 120 torchrun --standalone --nproc_per_node 1 $R --engine $e --fsdp --out "$O/fsdp_$e" 2>&1 \
     | grep "held per rank\|^step 3 | reward\|^done\|Error" | cut -c1-160
