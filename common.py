@@ -413,7 +413,8 @@ def save_run(model, tokenizer, out, rank, trainer_state, extra_json, opt=None):
             state["optimizer_ranks"] = torch.distributed.get_world_size()
         wait_for_rank0(f"every rank's optimizer part in {tmp}")
     if rank == 0:
-        save_checkpoint(model, tokenizer, out, state, extra_json, weights)
+        save_checkpoint(model, tokenizer, out, state, extra_json, weights,
+                        tmp_made=weights is not None)
 
 
 def checkpoint_to_resume(args, rank=0):
@@ -467,12 +468,13 @@ def samples_when_served(model):
     g.do_sample, g.top_k, g.top_p, g.temperature = True, 0, 1.0, 1.0
 
 
-def save_checkpoint(model, tokenizer, out, trainer_state, extra_json, weights=None):
+def save_checkpoint(model, tokenizer, out, trainer_state, extra_json, weights=None,
+                    tmp_made=False):
     """save_pretrained + trainer state into OUT.tmp, swapped in by finish_save; trainer_state.pt is
-    written last (atomically), so a crash leaves the old or a complete new checkpoint. `weights`:
-    --fsdp's gathered state dict (OUT.tmp then made by save_run, with the optimizer's parts)."""
+    written last (atomically), so a crash leaves the old or a complete new checkpoint. weights:
+    --fsdp's gathered state dict; tmp_made: OUT.tmp made by save_run, the optimizer's parts in it."""
     tmp = out.rstrip("/") + ".tmp"
-    if weights is None:
+    if not tmp_made:
         shutil.rmtree(tmp, ignore_errors=True)
     # the log's length now: --resume drops what is logged after this checkpoint (its step included)
     metrics_path = os.path.join(out, "metrics.jsonl")

@@ -364,12 +364,11 @@ def train(args, preempt):
     env = load_env(args.env, env_args, defaults={"num_groups": n_examples})
     exploiter = Exploiter(env, args.exploit, args.out, rank, log, resume)
     # the model, the frozen reference (--beta), the sampling and greedy policies, the optimizer
-    # (--fsdp: loaded on the CPU, then sharded over the ranks' devices)
-    model, tokenizer = load_model(args.out if resume else args.model,
-                                  "cpu" if args.fsdp else device, train=True)
+    home = "cpu" if args.fsdp else device  # --fsdp: loaded on the CPU, then sharded to `device`
+    model, tokenizer = load_model(args.out if resume else args.model, home, train=True)
     scorer = scorer_to_train(model, args, device)
-    ref = scorer_to_train(load_model(args.model, "cpu" if args.fsdp else device)[0].eval()
-                          .requires_grad_(False), args, device) if args.beta > 0 else None
+    ref = scorer_to_train(load_model(args.model, home)[0].eval().requires_grad_(False), args,
+                          device) if args.beta > 0 else None
     compile_layers(model, "off" if args.fsdp else "auto", device)
     play = dict(model=model, tokenizer=tokenizer, system_prompt=env.system_prompt,
                 max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch, engine=args.engine,

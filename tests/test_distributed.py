@@ -208,21 +208,9 @@ def test_sigterm_to_torchrun_saves_the_step_in_flight_and_one_process_resumes(ti
 def test_fsdp_on_each_architecture(name, tiny_model_dir, tmp_path):
     """Two --fsdp ranks against one process on each architecture's tiny model (sliding windows, convolutions,
     linear attention; tied and untied heads): the same metrics and weights after two steps (--runslow)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import common
-    from test_engine import ARCHS, SMALL
-    model_type, kw, template, added, _, _ = ARCHS[name]
-    _, tok = common.load_model(tiny_model_dir, device="cpu")
-    if added:
-        tok.add_special_tokens({"additional_special_tokens": added})
-    tok.chat_template = template
-    config = AutoConfig.for_model(model_type, **SMALL, **kw, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                                  eos_token_id=tok.eos_token_id, bos_token_id=None)
-    torch.manual_seed(0)
+    from test_engine import save_arch_model
     model_dir = str(tmp_path / name)
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    save_arch_model(name, tiny_model_dir, model_dir, sharpen=False)
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     base = RL + ["--model", model_dir, "--steps", "2", "--save_every", "0"]

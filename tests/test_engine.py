@@ -57,12 +57,11 @@ ARCHS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(ARCHS))
-def arch(request, tiny_model_dir, tmp_path_factory):
-    """(name, model, tokenizer): a tiny random model of the architecture, its weight matrices scaled so that greedy
-    replies depend on the context, saved and loaded back like a hub model."""
+def save_arch_model(name, tiny_model_dir, out, sharpen=True):
+    """A tiny random model of architecture NAME (ARCHS) with tiny_model_dir's tokenizer and the family's chat
+    template, saved like a hub model in `out`; sharpen: its weight matrices scaled by ARCHS' factor."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    model_type, kw, template, added, _, sharpen = ARCHS[request.param]
+    model_type, kw, template, added, _, factor = ARCHS[name]
     _, tok = common.load_model(tiny_model_dir, device="cpu")
     if added:
         tok.add_special_tokens({"additional_special_tokens": added})
@@ -71,13 +70,21 @@ def arch(request, tiny_model_dir, tmp_path_factory):
                                   eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(sharpen)
-    out = tmp_path_factory.mktemp(request.param)
+    if sharpen:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(factor)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def arch(request, tiny_model_dir, tmp_path_factory):
+    """(name, model, tokenizer): a tiny random model of the architecture, its weight matrices scaled so that greedy
+    replies depend on the context, saved and loaded back like a hub model."""
+    out = tmp_path_factory.mktemp(request.param)
+    save_arch_model(request.param, tiny_model_dir, out)
     model, tok = common.load_model(str(out), device="cpu")
     return request.param, model, tok
 
