@@ -21,7 +21,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ranks import (check_ranks_agree, full_weights, is_sharded, load_optimizer_state,
-                   local_optimizer_state, start_ranks, sum_over_ranks, wait_for_rank0)
+                   local_optimizer_state, start_ranks, sum_gradients, sum_over_ranks,
+                   wait_for_rank0)
 
 # ----------------------------------------------------------------------------- environments
 def parse_env_args(env_args):
@@ -245,10 +246,54 @@ GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # GPU models this big: --grad_ckpt auto on,
 GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
 
 
+MAX_BAD_STEPS = 3  # steps in a row with a non-finite update before a run stops
+
+
 def clip_gradients(model):
     """Clip the gradient's norm to GRAD_CLIP; returns the norm before, a number (inf or nan too)."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # --fsdp: a DTensor
+
+
+def optimizer_step(model, opt, loss):
+    """The gradients summed over the ranks and clipped, then the optimizer's step, skipped (with a
+    warning) where the ranks' summed loss or the norm is not finite. Returns (that loss, the norm,
+    whether it stepped)."""
+    sum_gradients(model)
+    loss, norm = sum_over_ranks([loss])[0], clip_gradients(model)
+    stepped = math.isfinite(loss) and math.isfinite(norm)
+    if stepped:
+        opt.step()
+    else:
+        print(f"warning: non-finite loss {loss} or grad norm {norm}: update skipped")
+    opt.zero_grad(set_to_none=True)
+    return loss, norm, stepped
+
+
+def end_of_step(step, total, args, preempt, rank, run_eval, save, bad_steps):
+    """What follows a step in sft.py and rl.py: the stop after MAX_BAD_STEPS steps in a row with a
+    non-finite update; unless it was the last step (the run's end does its own), run_eval() and
+    save() where due, and on a signal (Preemption) the save and the exit. Every rank calls it."""
+    if bad_steps >= MAX_BAD_STEPS:
+        raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good "
+                         f"checkpoint is in {args.out}; lower --lr, or check the model's dtype.")
+    if step >= total:
+        return
+    signalled = preempt.due()  # a collective: the ranks stop after the same step
+    if args.eval_every and step % args.eval_every == 0:
+        run_eval()
+    if signalled or args.save_every and step % args.save_every == 0:
+        save()
+    if signalled:
+        preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
+
+
+def run_training(parse_args, train):
+    """main() of sft.py and rl.py: train(args, preempt) where SIGTERM or Ctrl-C ends the step in
+    flight, saves it and exits (Preemption), and a full disk ends in one line, not a traceback."""
+    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: free space, "
+                                     "then rerun with --resume."), Preemption() as preempt:
+        train(parse_args(), preempt)
 
 
 def add_train_args(p, lr, warmup, token_budget, out, eval_every, eval_n, save_every):

@@ -33,25 +33,23 @@ Simplifications, on purpose:
 Writes DIR (out/rl): metrics.jsonl, curves.png, evaluations, checkpoints (+ trainer_state.pt).
 """
 import argparse
-import math
 import os
 import time
 from collections import Counter
 
 import torch
 
-from common import (TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least, check_flags,
-                    checkpoint_to_resume, clip_gradients, disk_full_says_what_is_kept, finish_save,
-                    load_env, load_model, lr_at, non_negative, out_of_memory_says, pad_batch,
-                    parse_env_args, positive, save_run, start_or_resume, start_run,
+from common import (TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags,
+                    checkpoint_to_resume, end_of_step, finish_save, load_env, load_model, lr_at,
+                    non_negative, optimizer_step, out_of_memory_says, pad_batch, parse_env_args,
+                    positive, run_training, save_run, start_or_resume, start_run,
                     token_microbatches, train_autocast)
 from engine import compile_layers, compiled_layers, scorer_to_train
 from eval import evaluate_standard, plot_curves
 from ranks import (empty_passes, from_rank0, gather_from_ranks, gathered, my_share, passes_behind,
-                   stop_ranks, sum_gradients, sum_over_ranks)
+                   stop_ranks, sum_over_ranks)
 from sample import HFPolicy, rollout, rollout_metrics, show
 
-MAX_BAD_STEPS = 3  # non-finite updates in a row before a run stops
 EXTRA_DRAW = 1 << 40  # --dynamic_sampling: the k-th extra draw's episodes are numbered from k * this
 
 # ----------------------------------------------------------------------------- 1. rollouts
@@ -216,17 +214,8 @@ def update(scorer, records, adv, args, opt, amp, ref=None, first=0, batch=None,
                                  "tokens": len(logp), "train_tokens": mask.numel(), "kl": kl,
                                  "logp_mismatch": gap.abs().sum().item() if epoch == 0 else 0.0})
                 empty_passes(scorer, behind, amp)
-                sum_gradients(model)
-                total_loss = sum_over_ranks([total_loss])[0]
-                norm = clip_gradients(model)
-                if math.isfinite(total_loss) and math.isfinite(norm):
-                    opt.step()
-                    grad_norm = norm
-                else:
-                    print(f"warning: non-finite loss {total_loss} or grad norm {norm}: "
-                          "update skipped")
-                    skipped += 1
-                opt.zero_grad(set_to_none=True)
+                _, norm, stepped = optimizer_step(model, opt, total_loss)
+                grad_norm, skipped = (norm, skipped) if stepped else (grad_norm, skipped + 1)
     keys = ("entropy", "clip_frac", "kl", "logp_mismatch", "tokens", "train_tokens")
     entropy, clip_frac, kl, mismatch, tokens, train_tokens = sum_over_ranks([sums[k] for k in keys])
     tokens = max(tokens, 1)
@@ -347,8 +336,7 @@ def parse_args(argv=None):
 
 
 def main():
-    with Preemption() as preempt:  # SIGTERM, Ctrl-C: the step in flight ends, is saved, then exit
-        train(parse_args(), preempt)
+    run_training(parse_args, train)  # SIGTERM, Ctrl-C: the step in flight ends, is saved, then exit
 
 
 def train(args, preempt):
@@ -450,16 +438,7 @@ def train(args, preempt):
         if rank == 0 and not signal and steps_run == steps_with_signal:  # the first such step
             print(f"note: step {step} has no gradient: every group's episodes had equal rewards")
         steps_run, steps_with_signal = steps_run + 1, steps_with_signal + signal
-        if bad_steps >= MAX_BAD_STEPS:
-            raise SystemExit(f"{bad_steps} non-finite updates in a row: stopping. The last good "
-                             f"checkpoint is in {args.out}; lower --lr, or check the model's dtype.")
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            run_eval()
-        if args.save_every and step % args.save_every == 0 and step < args.steps:
-            save()
-        if preempt.due() and step < args.steps:
-            save()
-            preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
+        end_of_step(step, args.steps, args, preempt, rank, run_eval, save, bad_steps)
 
     exploiter(step, greedy, scorer, tokenizer, last=True)  # the last step's verdict, if not made
     run_eval()
@@ -475,6 +454,4 @@ def train(args, preempt):
 
 
 if __name__ == "__main__":
-    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: free space, "
-                                     "then rerun with --resume."):
-        main()
+    main()

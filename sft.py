@@ -29,15 +29,14 @@ import time
 
 import torch
 
-from common import (TRAIN_FLAG_RULES, Preemption, RunLog, add_train_args, at_least, check_flags,
-                    checkpoint_to_resume, clip_gradients, disk_full_says_what_is_kept, load_env,
-                    load_model, lr_at, non_negative, pad_batch, parse_env_args, positive,
+from common import (TRAIN_FLAG_RULES, RunLog, add_train_args, at_least, check_flags,
+                    checkpoint_to_resume, end_of_step, load_env, load_model, lr_at, non_negative,
+                    optimizer_step, pad_batch, parse_env_args, positive, run_training,
                     samples_when_served, save_run, start_or_resume, start_run, token_microbatches,
                     train_autocast)
 from engine import scorer_to_train
 from eval import evaluate_standard
-from ranks import (empty_passes, gathered, passes_behind, stop_ranks, sum_gradients, sum_over_ranks,
-                   wait_for_rank0)
+from ranks import empty_passes, gathered, passes_behind, stop_ranks, sum_over_ranks, wait_for_rank0
 from policies import FunctionPolicy, ScriptedPolicy, add_api_args, is_function_spec, make_policy
 from sample import ChatTokens, HFPolicy, rollout
 
@@ -279,8 +278,7 @@ def parse_args(argv=None):
 
 
 def main():
-    with Preemption() as preempt:  # SIGTERM, Ctrl-C: the step in flight ends, is saved, then exit
-        train(parse_args(), preempt)
+    run_training(parse_args, train)  # SIGTERM, Ctrl-C: the step in flight ends, is saved, then exit
 
 
 def train(args, preempt):
@@ -331,7 +329,7 @@ def train(args, preempt):
     log = RunLog(args, rank)
     results, eval_envs = {}, {}
 
-    def run_eval(step):  # every rank calls it, rank 0 evaluates
+    def run_eval():  # every rank calls it, rank 0 evaluates
         model.eval()
         policy = HFPolicy(model, tokenizer, env.system_prompt, temp=0.0, max_new_tokens=64,
                           tools=getattr(env, "tools", None))
@@ -343,13 +341,13 @@ def train(args, preempt):
                 log.evals(step, evals)
         model.train()
 
-    def save(step):
+    def save():
         save_run(model, tokenizer, args.out, rank, {"step": step},
                  {"sft_args.json": vars(args), "sft_results.json": {
                      "step": step, "eval": results, "wall_s": time.time() - t_start}}, opt)
 
     model.train()
-    amp = train_autocast(device)
+    amp, bad_steps = train_autocast(device), 0
     while step < total:
         t0 = time.time()
         opt.param_groups[0]["lr"] = lr = lr_at(step, args.lr, args.warmup, total, args.schedule)
@@ -368,33 +366,22 @@ def train(args, preempt):
                                         n_ctx + ctx_n)
             n_tok += len(mb) * max(len(encoded[idx[j]][0]) for j in mb)
         empty_passes(scorer, behind, amp)
-        sum_gradients(model)  # under torchrun: the whole batch's gradient, on every rank
-        loss_sum, ctx_sum, n_ctx, n_tok = sum_over_ranks([loss_sum, ctx_sum, n_ctx, n_tok])
-        gnorm = clip_gradients(model)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
+        loss_sum, gnorm, stepped = optimizer_step(model, opt, loss_sum)  # over the ranks' batch
+        ctx_sum, n_ctx, n_tok = sum_over_ranks([ctx_sum, n_ctx, n_tok])
+        step, bad_steps = step + 1, 0 if stepped else bad_steps + 1
         dt = time.time() - t0
         ctx = {"context_loss": ctx_sum / n_ctx} if n_ctx else {}
         log(step, {"loss": loss_sum, **ctx, "lr": lr, "grad_norm": gnorm,
                    "tokens_per_s": n_tok / dt, "step_time": dt})
-        if args.eval_every and step % args.eval_every == 0 and step < total:
-            run_eval(step)
-        if args.save_every and step % args.save_every == 0 and step < total:
-            save(step)
-        if preempt.due() and step < total:
-            save(step)
-            preempt.stop(f"the checkpoint of step {step} is in {args.out}", rank)
+        end_of_step(step, total, args, preempt, rank, run_eval, save, bad_steps)
 
     # ---- final eval and save
-    run_eval(step)
-    save(step)
+    run_eval()
+    save()
     print(f"done in {time.time() - t_start:.0f}s: model saved to {args.out}")
     log.close()
     stop_ranks()
 
 
 if __name__ == "__main__":
-    with disk_full_says_what_is_kept("The last complete checkpoint in --out is kept: "
-                                     "free space, then rerun with --resume."):
-        main()
+    main()

@@ -246,6 +246,29 @@ def test_both_engines_run_rl_alike(tiny_model_dir, tmp_path, env, env_args):
         assert a["entropy"] == pytest.approx(b["entropy"], abs=1e-4) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
 
 
+def test_non_finite_updates_are_skipped_then_stop_the_run(tiny_model_dir, tmp_path, monkeypatch):
+    """From its third call the loss is NaN: each such update is skipped (the weights stay finite),
+    and the third step in a row with one stops the run, saying what to do."""
+    import rl
+    from safetensors.torch import load_file
+    (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
+    real, calls = rl.policy_loss, []
+
+    def poisoned(*a, **kw):
+        loss, clipped = real(*a, **kw)
+        calls.append(1)
+        return loss * (float("nan") if len(calls) > 2 else 1.0), clipped
+    monkeypatch.setattr(rl, "policy_loss", poisoned)
+    out = str(tmp_path / "rl")
+    with pytest.raises(SystemExit, match="3 non-finite updates in a row: stopping"):
+        run_rl(tiny_model_dir, out, 8, ["--save_every", "1", "--engine", "hf"], str(tmp_path))
+    skipped = [r["skipped_updates"] for r in train_lines(out)]
+    assert skipped[-3:] == [1, 1, 1] and not any(skipped[:-3]) and len(skipped) < 8, skipped
+    saved = torch.load(os.path.join(out, "trainer_state.pt"), weights_only=True)["step"]
+    assert saved == len(skipped) - 1  # the stopping step's save is not made
+    assert all(torch.isfinite(w).all() for w in load_file(os.path.join(out, "model.safetensors")).values())
+
+
 def test_rl_with_a_kl_penalty_logs_the_kl(tiny_model_dir, tmp_path):
     """--beta loads a frozen reference (the initial model) and logs the penalty's KL estimate: 0 at step 1, where
     the policy is still the reference, above 0 once the updates have moved it (without --beta no "kl" is logged:

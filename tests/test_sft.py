@@ -1,5 +1,6 @@
 """sft.py: the assistant-only loss mask, bad input, a scratch smoke run, and exact resume."""
 import json
+import math
 import os
 
 import pytest
@@ -145,3 +146,26 @@ def test_scratch_smoke_and_exact_resume(tmp_path):
     out = run_main("sft", [*SMALL, "--max_steps", "4", "--eval_every", "0", "--schedule", "constant", "--out", b, "--resume"])
     assert "nothing to do" in out
     assert open(os.path.join(b, "metrics.jsonl")).read() == rows
+
+
+def test_non_finite_updates_are_skipped_then_stop_sft(tmp_path, monkeypatch):
+    """From its fifth micro-batch the loss is NaN: those updates are skipped (the saved weights stay
+    finite), and the third step in a row with one stops the run, saying what to do."""
+    import sft
+    from safetensors.torch import load_file
+    real, calls = sft.sft_loss, []
+
+    def poisoned(*a, **kw):
+        loss, *rest = real(*a, **kw)
+        calls.append(1)
+        return (loss * (float("nan") if len(calls) > 4 else 1.0), *rest)
+    monkeypatch.setattr(sft, "sft_loss", poisoned)
+    out = str(tmp_path / "sft")
+    with pytest.raises(SystemExit, match="3 non-finite updates in a row: stopping"):
+        run_main("sft", [*SMALL, "--max_steps", "20", "--eval_every", "0", "--save_every", "1",
+                         "--token_budget", "100000", "--out", out])
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]  # a micro-batch a step
+    assert [math.isfinite(r["grad_norm"]) for r in rows] == [True] * 4 + [False] * 3
+    assert torch.load(os.path.join(out, "trainer_state.pt"), weights_only=True)["step"] == 6
+    assert all(torch.isfinite(w).all() for w in load_file(os.path.join(out, "model.safetensors")).values())
