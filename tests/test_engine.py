@@ -146,16 +146,21 @@ def test_compiled_update_gives_eager_gradients(arch, request):
     mask = torch.ones_like(ids)
     mask[:, :6] = 0
 
-    def forward_backward():
+    def forward_backward(model):
         model.zero_grad()
         with engine.compiled_layers(model):
             logp, _ = common.token_logprobs(model, ids, mask, 0.8)
             logp.sum().backward()
         return [logp.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    eager = forward_backward()
+    truth = forward_backward(copy.deepcopy(model).double())  # eager, float64: rounding aside
+    eager = forward_backward(model)
     engine.compile_layers(model, "on", "cpu", backend=aot_eager_decomp_partition)
-    for a, b in zip(eager, forward_backward(), strict=True):  # fp32, summed in another order: relative to the largest
-        torch.testing.assert_close(a, b, atol=1e-5 * float(a.abs().max().clamp(min=1)), rtol=1e-4)
+    for t, a, b in zip(truth, eager, forward_backward(model), strict=True):
+        # fp32 summed in another order: as near float64's as eager fp32 is (the two differ from
+        # each other by up to twice that, 1e-5 of the largest value; compiled/eager at most 1.6)
+        eager_err, compiled_err = (a - t).abs().max(), (b - t).abs().max()
+        assert compiled_err <= 2 * eager_err + 1e-6 * t.abs().max().clamp(min=1), \
+            (name, t.shape, float(eager_err), float(compiled_err))
 
 
 def test_the_fast_engine_gives_the_reference_engines_rollouts(arch, short_env):
