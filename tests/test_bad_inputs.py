@@ -14,15 +14,11 @@ import importlib
 import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import common  # noqa: E402
+import common
 
 SCRIPTS = ["rl", "sft", "eval"]
 

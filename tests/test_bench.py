@@ -1,19 +1,13 @@
 """bench.py, the standing benchmark: its workload is exactly the one it states, and its floor and FLOP counts are
 the formulas of its docstring. Runs the tiny shape on CPU in seconds (the GPU shapes need a GPU)."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import bench  # noqa: E402
-from conftest import run_main  # noqa: E402
-from sample import HFPolicy, rollout  # noqa: E402
+import bench
+from conftest import run_main
+from sample import HFPolicy, rollout
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

@@ -8,24 +8,19 @@ logprob-exact (at the sampling temperature) on both engines; all five run on the
 Qwen3.5's recurrent states in its rows too), whose rollouts must be generate()'s (the reference engine's).
 """
 import contextlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import common  # noqa: E402
-import engine  # noqa: E402
-from engine import FastEngine  # noqa: E402
-from env_tictactoe import branch  # noqa: E402
-from sample import HFPolicy, new_episode, rollout  # noqa: E402
-from sft import CHATML  # noqa: E402
-from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN  # noqa: E402
-from test_sample import check_layout, replay_logits  # noqa: E402
+import common
+import engine
+from engine import FastEngine
+from env_tictactoe import branch
+from sample import HFPolicy, new_episode, rollout
+from sft import CHATML
+from conftest import QWEN3_STYLE_TEMPLATE, SHARPEN
+from test_sample import check_layout, replay_logits
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

@@ -5,24 +5,19 @@ import builtins
 import json
 import random
 import re
-import sys
 import time
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import common  # noqa: E402
-import env_calc as calc  # noqa: E402
-from conftest import QWEN3_STYLE_TEMPLATE  # noqa: E402
-from policies import ScriptedPolicy  # noqa: E402
-from sample import ChatTokens, HFPolicy, rollout  # noqa: E402
+import common
+import env_calc as calc
+from conftest import QWEN3_STYLE_TEMPLATE
+from policies import ScriptedPolicy
+from sample import ChatTokens, HFPolicy, rollout
 
 # Qwen3's own handling of the tool role: consecutive tool results share one user turn, each in <tool_response>
 QWEN3_WITH_TOOLS = QWEN3_STYLE_TEMPLATE.replace(

@@ -1,20 +1,15 @@
 """Tests for env_doublecheck: questions and exact answers, the final answer is the one scored, kept/fixed/broken,
 the reply format, the scripted players, replies that must never raise, bad arguments."""
 import re
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import env_doublecheck as dc  # noqa: E402
-import policies  # noqa: E402
-import sample  # noqa: E402
+import env_doublecheck as dc
+import policies
+import sample
 
 EX = {"seed": 7, "question": "What is 47 + 85?", "answer": 132}
 QUESTION = re.compile(r"What is ([0-9]+) ([-+*]) ([0-9]+)\?")

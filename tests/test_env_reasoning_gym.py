@@ -6,13 +6,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import ROOT
 
 pytest.importorskip("reasoning_gym")
 import env_reasoning_gym as rgenv  # noqa: E402

@@ -2,18 +2,13 @@
 import difflib
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import env_reverse as rev  # noqa: E402
+import env_reverse as rev
 
 TAG, END = "<reversed_text>", "</reversed_text>"
 

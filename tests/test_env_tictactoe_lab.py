@@ -9,13 +9,10 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import ROOT
 
 import env_tictactoe as ttt  # noqa: E402
 import env_tictactoe_lab as lab  # noqa: E402

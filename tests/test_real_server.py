@@ -13,14 +13,11 @@ a wrong model name shows the server's own reason. Skipped when `transformers[ser
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import ROOT
 
 import common  # noqa: E402
 import eval as eval_mod  # noqa: E402
