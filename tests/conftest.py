@@ -114,6 +114,18 @@ def run_main(script, argv, env_dir=None):
     return out.getvalue()
 
 
+def poison_loss(monkeypatch, module, name, clean_calls):
+    """module.name, a function returning (loss, ...), returns a NaN loss after its first
+    clean_calls calls: the trainer's non-finite update, planted."""
+    real, calls = getattr(module, name), []
+
+    def poisoned(*a, **kw):
+        loss, *rest = real(*a, **kw)
+        calls.append(1)
+        return (loss * (float("nan") if len(calls) > clean_calls else 1.0), *rest)
+    monkeypatch.setattr(module, name, poisoned)
+
+
 @pytest.fixture
 def torch_single_thread():
     """One intra-op thread for the duration of a test: the tiny model is latency-bound, and with 2+ threads

@@ -17,7 +17,6 @@ import sys
 
 import pytest
 
-
 import common
 
 SCRIPTS = ["rl", "sft", "eval"]

@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-
 import bench
 from conftest import run_main
 from sample import HFPolicy, rollout

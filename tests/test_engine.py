@@ -12,7 +12,6 @@ import contextlib
 import pytest
 import torch
 
-
 import common
 import engine
 from engine import FastEngine

@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-
 import common
 import env_calc as calc
 from conftest import QWEN3_STYLE_TEMPLATE

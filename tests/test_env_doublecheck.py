@@ -6,7 +6,6 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-
 import env_doublecheck as dc
 import policies
 import sample

@@ -7,7 +7,6 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-
 import env_reverse as rev
 
 TAG, END = "<reversed_text>", "</reversed_text>"

@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT
 
-import env_tictactoe as ttt  # noqa: E402
+import env_tictactoe as ttt
 
 EMPTY = "." * 9
 CORNERS = {0, 2, 6, 8}

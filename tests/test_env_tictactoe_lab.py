@@ -14,9 +14,9 @@ import pytest
 
 from conftest import ROOT
 
-import env_tictactoe as ttt  # noqa: E402
-import env_tictactoe_lab as lab  # noqa: E402
-from test_env_tictactoe import EMPTY, my_winner, scripted_game as game_of, total_reward  # noqa: E402
+import env_tictactoe as ttt
+import env_tictactoe_lab as lab
+from test_env_tictactoe import EMPTY, my_winner, scripted_game as game_of, total_reward
 
 
 def scripted_game(model_moves, opponent_moves, **env_args):

@@ -20,10 +20,10 @@ import pytest
 
 from conftest import ROOT
 
-import eval as eval_mod  # noqa: E402
-import common  # noqa: E402
-import sample  # noqa: E402
-from policies import APIPolicy, ScriptedPolicy  # noqa: E402
+import eval as eval_mod
+import common
+import sample
+from policies import APIPolicy, ScriptedPolicy
 
 KEY = "sk-test"
 SUMMARY_KEYS = {"n", "win_rate", "draw_rate", "loss_rate", "format_rate", "invalid_rate", "reward_mean"}

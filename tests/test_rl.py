@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common import token_logprobs
-from conftest import run_main
+from conftest import poison_loss, run_main
 from rl import policy_loss
 
 T = torch.tensor
@@ -252,13 +252,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(tiny_model_dir, tmp_pa
     import rl
     from safetensors.torch import load_file
     (tmp_path / "env_digits.py").write_text(DIGITS_ENV)
-    real, calls = rl.policy_loss, []
-
-    def poisoned(*a, **kw):
-        loss, clipped = real(*a, **kw)
-        calls.append(1)
-        return loss * (float("nan") if len(calls) > 2 else 1.0), clipped
-    monkeypatch.setattr(rl, "policy_loss", poisoned)
+    poison_loss(monkeypatch, rl, "policy_loss", clean_calls=2)
     out = str(tmp_path / "rl")
     with pytest.raises(SystemExit, match="3 non-finite updates in a row: stopping"):
         run_rl(tiny_model_dir, out, 8, ["--save_every", "1", "--engine", "hf"], str(tmp_path))

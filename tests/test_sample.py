@@ -17,13 +17,13 @@ import torch
 
 from conftest import ROOT
 
-import common  # noqa: E402
-import engine  # noqa: E402
-import sample  # noqa: E402
-from conftest import run_main  # noqa: E402
-import policies  # noqa: E402
-from policies import ScriptedPolicy  # noqa: E402
-from sample import ChatTokens, HFPolicy, advance, new_episode, rollout  # noqa: E402
+import common
+import engine
+import sample
+from conftest import run_main
+import policies
+from policies import ScriptedPolicy
+from sample import ChatTokens, HFPolicy, advance, new_episode, rollout
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

@@ -8,7 +8,7 @@ import torch
 
 import env_tictactoe
 from common import Scorer, load_model
-from conftest import run_main
+from conftest import poison_loss, run_main
 from sample import ChatTokens
 
 
@@ -153,13 +153,7 @@ def test_non_finite_updates_are_skipped_then_stop_sft(tmp_path, monkeypatch):
     finite), and the third step in a row with one stops the run, saying what to do."""
     import sft
     from safetensors.torch import load_file
-    real, calls = sft.sft_loss, []
-
-    def poisoned(*a, **kw):
-        loss, *rest = real(*a, **kw)
-        calls.append(1)
-        return (loss * (float("nan") if len(calls) > 4 else 1.0), *rest)
-    monkeypatch.setattr(sft, "sft_loss", poisoned)
+    poison_loss(monkeypatch, sft, "sft_loss", clean_calls=4)
     out = str(tmp_path / "sft")
     with pytest.raises(SystemExit, match="3 non-finite updates in a row: stopping"):
         run_main("sft", [*SMALL, "--max_steps", "20", "--eval_every", "0", "--save_every", "1",
