@@ -45,23 +45,28 @@ import os
 import random
 import re
 import signal
+import sys
 import time
 
 from guard import Guarded, import_source
 
 SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
-             "`uv pip install verifiers==0.3.1`)")  # named in every error about the package
+             "`uv pip install verifiers==0.3.1`)")  # named in every error about the classic API
 DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of its own
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # Hermes/Qwen3 text tool calls
 CURRENT = contextvars.ContextVar("episode")  # the running rollout's episode (a task copies it)
 
 
-def import_verifiers():
-    """verifiers and its classic API's Client, or ValueError naming the version to install."""
+def import_verifiers(classic=True):
+    """verifiers and its classic API's Client (classic=False: verifiers installed, any version),
+    or ValueError naming the version to install."""
     try:
         import verifiers as vf
     except ImportError:
-        raise ValueError(f"--env verifiers needs the verifiers package: {SUPPORTED}") from None
+        raise ValueError(f"--env verifiers needs the verifiers package: {SUPPORTED} for classic "
+                         "environments, verifiers==0.4.0 for v1 ones") from None
+    if not classic:
+        return vf, None
     try:
         from verifiers.clients import Client  # 0.3 has the classic paths too (verifiers.legacy)
         vf.MultiTurnEnv  # noqa: B018  (0.4 has no classic classes: fails here)
@@ -73,6 +78,13 @@ def import_verifiers():
                else "predates the Client interface this runs on")
         raise ValueError(f"verifiers {version} {why}; this adapter runs {SUPPORTED}") from None
     return vf, Client
+
+
+def start_row(seed, n_rows, num_groups):
+    """The first of a step's consecutive rows (cyclic), drawn from seed and aligned to num_groups:
+    each step's examples cover the environment's difficulty buckets as its dataset lays them out."""
+    start = random.Random(f"verifiers/{seed}").randrange(n_rows)
+    return start - start % num_groups
 
 
 def parse_tool_calls(text):
@@ -132,27 +144,75 @@ class ErrorLog(logging.Handler):
             episode.errors.append(record.getMessage()[:300])
 
 
+def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
+                     num_groups=None):
+    """The guard worker's factory: the environment module's generation decides its adapter, a v1
+    one (it exports a vf.Taskset: env_verifiers_v1.py) or a classic one (load_environment)."""
+    import_verifiers(classic=False)
+    if (id is None) == (path is None):
+        raise ValueError('give one of id (an installed environment module) or path '
+                         '(a .py file or a package folder), e.g. {"path": "tictactoe.py"}')
+    if args is not None and not isinstance(args, dict):
+        raise ValueError(f"args={args!r}: must be a JSON object of the environment's settings")
+    for name, value in (("max_turns", max_turns), ("num_groups", num_groups or 1),
+                        ("dataset_seed", dataset_seed)):
+        if (not isinstance(value, int) or isinstance(value, bool)
+                or value < (name != "dataset_seed")):
+            raise ValueError(f"{name}={value!r}: must be an integer >= "
+                             f"{int(name != 'dataset_seed')}")
+    module = environment_module(id, path)
+    settings = {"args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
+                "num_groups": num_groups}
+    from env_verifiers_v1 import VerifiersV1Env, is_v1_module
+    if is_v1_module(module):
+        return VerifiersV1Env(module, **settings)
+    return VerifiersEnv(module, **settings)
+
+
+def environment_module(id, path):
+    """The environment's module: an installed one by id (a Hub id owner/name@version names the
+    module name) or a .py file or package folder by path, registered under its name (Verifiers
+    v1 imports its taskset by name); ValueError saying what to install."""
+    if path is not None:
+        if not (isinstance(path, str) and os.path.exists(path)):
+            raise ValueError(f"path={path!r}: no such file or folder")
+        if os.path.isdir(path):
+            sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+            id = os.path.basename(os.path.abspath(path))
+        else:
+            module = _import_classic_aware(path)
+            sys.modules.setdefault(module.__name__, module)
+            return module
+    if not isinstance(id, str):
+        raise ValueError(f"id={id!r}: must be a module name")
+    name = id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_")
+    try:
+        return _import_classic_aware(name)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"no installed environment {id!r} ({e}): install it (pip install / "
+                         "prime env install) or give its file as path") from None
+
+
+def _import_classic_aware(where):
+    """import_source, saying so where a classic environment meets verifiers 0.4 (no classic API)."""
+    try:
+        return import_source(where)
+    except (AttributeError, ImportError) as e:
+        if isinstance(e, ModuleNotFoundError) and "verifiers" not in str(e):
+            raise
+        import_verifiers()  # raises, naming the version, where the classic API is missing
+        raise
+
+
 class VerifiersEnv:
-    def __init__(self, id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
+    def __init__(self, module, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
                  num_groups=None):
         vf, Client = import_verifiers()
         self.vf = vf
-        if (id is None) == (path is None):
-            raise ValueError('give one of id (an installed environment module) or path '
-                             '(a .py file), e.g. {"path": "environments/tictactoe/tictactoe.py"}')
-        if args is not None and not isinstance(args, dict):
-            raise ValueError(f"args={args!r}: must be a JSON object of "
-                             "load_environment's keyword arguments")
-        for name, value in (("max_turns", max_turns), ("num_groups", num_groups or 1),
-                            ("dataset_seed", dataset_seed)):
-            if (not isinstance(value, int) or isinstance(value, bool)
-                    or value < (name != "dataset_seed")):
-                raise ValueError(f"{name}={value!r}: must be an integer >= "
-                                 f"{int(name != 'dataset_seed')}")
-        module = self._module(id, path)
         load = getattr(module, "load_environment", None)
         if not callable(load):
-            raise ValueError(f"{id or path} has no load_environment() function")
+            raise ValueError(f"{module.__name__} has no load_environment() function and exports "
+                             "no vf.Taskset: not a Verifiers environment")
         args = dict(args or {})
         if num_groups and "num_groups" in inspect.signature(load).parameters:
             args.setdefault("num_groups", num_groups)
@@ -181,20 +241,6 @@ class VerifiersEnv:
         logger = logging.getLogger("verifiers")
         if not any(isinstance(h, ErrorLog) for h in logger.handlers):
             logger.addHandler(ErrorLog(logging.ERROR))
-
-    @staticmethod
-    def _module(id, path):
-        if path is not None:
-            if not (isinstance(path, str) and os.path.isfile(path)):
-                raise ValueError(f"path={path!r}: no such file")
-            return import_source(path)
-        if not isinstance(id, str):
-            raise ValueError(f"id={id!r}: must be a module name")
-        try:
-            return import_source(id.replace("-", "_"))
-        except ModuleNotFoundError as e:
-            raise ValueError(f"no installed environment {id!r} ({e}): install it (pip install / "
-                             "prime env install) or give its file as path") from None
 
     @staticmethod
     def _build(load, args, dataset_seed):
@@ -251,10 +297,7 @@ class VerifiersEnv:
     # ------------------------------------------------------------------------- the contract
 
     def examples(self, n, seed=0):
-        """n consecutive rows (cyclic) from a start drawn from seed, aligned to num_groups: each
-        step's examples cover the environment's difficulty buckets as its dataset lays them out."""
-        start = random.Random(f"verifiers/{seed}").randrange(len(self.rows))
-        start -= start % self.num_groups
+        start = start_row(seed, len(self.rows), self.num_groups)
         return [{"seed": seed, "row": (start + i) % len(self.rows)} for i in range(n)]
 
     def reset(self, example):
@@ -372,10 +415,14 @@ def _client_class(Client, vf):
 
 
 def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                     num_groups=None, timeout=60.0):
+                     num_groups=None, timeout=60.0, python=None):
     """A Verifiers environment behind the guard (guard.py): `timeout` seconds a call (a step, with
-    its reward functions and tools) may take before its episode scores 0 (metric `timeout`)."""
+    its reward functions and tools) may take before its episode scores 0 (metric `timeout`);
+    `python`: the interpreter its worker runs (a venv with the verifiers the environment needs)."""
+    if python is not None and not (isinstance(python, str) and os.access(python, os.X_OK)):
+        raise ValueError(f"python={python!r}: not an executable (the interpreter of a venv with "
+                         "verifiers, e.g. .venv-vf/bin/python)")
     kwargs = {"id": id, "path": os.path.abspath(path) if isinstance(path, str) else path,
               "args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
               "num_groups": num_groups}
-    return Guarded("env_verifiers:VerifiersEnv", kwargs, timeout=timeout)
+    return Guarded("env_verifiers:open_environment", kwargs, timeout=timeout, python=python)
