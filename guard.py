@@ -39,8 +39,9 @@ class Guarded:
     """The environment contract (README) over a worker running FACTORY "module:callable"(**kwargs);
     `timeout`: seconds a call may take; `memory_mb`: its address-space limit (None: none)."""
 
-    def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384):
+    def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384, python=None):
         self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
+        self.python = python  # the worker's interpreter (None: ours): one with the library
         self.proc, self.generation, self.next_id, self.live = None, 0, 0, {}
         self.calls, self.call_seconds = 0, 0.0
         info = self._start()
@@ -53,11 +54,12 @@ class Guarded:
     def _start(self):
         # its stderr is the run's: warnings and tracebacks show, the datasets progress bars do not
         quiet = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=quiet,
+        self.proc = subprocess.Popen([self.python or sys.executable, os.path.abspath(__file__)],
+                                     env=quiet,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.buffer, self.generation = b"", self.generation + 1
         init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb,
-                "path": sys.path}
+                "path": self._worker_path()}
         kind, value = self._call("init", init, timeout=LOAD_TIMEOUT)
         if kind in ("ValueError", "TypeError"):  # bad arguments: load_env says so, as for our own
             self._kill()
@@ -66,6 +68,14 @@ class Guarded:
             self._kill()
             raise RuntimeError(f"{self.factory} failed to load in its worker: {kind}: {value}")
         return value
+
+    def _worker_path(self):
+        """Our sys.path for the worker; for another interpreter only the entries outside our own
+        installation (this project, a test's folders): its libraries are its own."""
+        if not self.python:
+            return sys.path
+        ours = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
+        return [p for p in sys.path if p and not p.startswith(ours)] + ["*"]
 
     @property
     def restarts(self):
@@ -211,7 +221,8 @@ def _serve(proto):
         op, arg = json.loads(line)
         try:
             if op == "init":
-                sys.path[:] = arg["path"]
+                path = arg["path"]  # "*" last: the worker's own entries follow
+                sys.path[:] = path[:-1] + sys.path if path[-1:] == ["*"] else path
                 if arg["memory_mb"] and sys.platform.startswith("linux"):
                     import resource
                     limit = arg["memory_mb"] << 20
