@@ -18,7 +18,7 @@
 # on the lines where the certificate (re-run every EXPLOIT steps, ~10 s) shows it erring; 4. eval.py: teacher, SFT
 # and RL model, greedy, from the empty board, against the optimal and the random opponent, and the certificate
 # (every opponent line), the RL model being the weights of the exploiter's best certificate (OUT/rl_best);
-# 5. env_tictactoe.py --report: OUT/report.md, OUT/results.json and OUT/curves.png (when matplotlib is installed).
+# 5. scripts/speedrun_report.py: OUT/report.md, OUT/results.json and OUT/curves.png (when matplotlib is installed).
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "${TEACHER:-minimax}" != minimax ]; then
@@ -80,6 +80,6 @@ python eval.py --model "$RL_MODEL" $EVAL --env_args "$ENV" --show 1 --out "$OUT/
 T_ALL=$SECONDS
 
 stamp "5. report"
-python env_tictactoe.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --teacher minimax --teacher_random_prob 0.2 \
+python scripts/speedrun_report.py "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --teacher minimax --teacher_random_prob 0.2 \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL --env_args '$RL_ENV'" --env_args "$ENV"
 stamp "done: $OUT/report.md"

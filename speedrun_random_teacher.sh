@@ -183,7 +183,7 @@ python eval.py --model "$RL_MODEL" --env tictactoe_lab $EVAL --env_args "$ENV" -
 T_ALL=$SECONDS
 
 stamp "5. report"
-python env_tictactoe.py --report "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --env tictactoe_lab --teacher "$TEACHER" \
+python scripts/speedrun_report.py "$OUT" --times "$T_SFT" "$T_RL" "$T_ALL" ${RESUME_FLAG:+--resumed} --env tictactoe_lab --teacher "$TEACHER" \
   --sft_args "$SFT --env_args '$SFT_ENV'" --rl_args "$RL_MAIN --env_args '$RL_ENV'" --env_args "$ENV" \
   ${PUZZLE_RL:+--puzzle_args "$PUZZLE_RL --env_args '$PUZZLE_ENV'"} ${POLISH_RL:+--polish_args "$POLISH_RL --env_args '$POLISH_ENV'"} \
   ${WINS_RL:+--wins_args "$WINS_RL --env_args '$WINS_ENV'"}

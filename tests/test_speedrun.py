@@ -135,7 +135,7 @@ def test_quick_speedrun(speedruns, teacher):
     assert results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
     # a resumed run's report (speedrun.sh RESUME=1 passes --resumed) says its times leave out the earlier invocations
     assert "Wall time: SFT " in report and results["times_s"]["resumed"] is False
-    subprocess.run([sys.executable, "env_tictactoe.py", "--report", out, "--times", "1", "2", "3", "--resumed"], cwd=ROOT,
+    subprocess.run([sys.executable, "scripts/speedrun_report.py", out, "--times", "1", "2", "3", "--resumed"], cwd=ROOT,
                    check=True, capture_output=True)
     assert "Wall time of this resumed invocation alone (RESUME=1; earlier ones not counted): SFT 1s" in open(os.path.join(out, "report.md")).read()
     assert json.load(open(os.path.join(out, "results.json")))["times_s"] == {"sft": 1, "rl": 2, "total": 3, "resumed": True}
