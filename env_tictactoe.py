@@ -3,8 +3,7 @@ Tic-tac-toe against a seeded, unbiased minimax opponent: the multi-turn game the
 
     python eval.py --model minimax --env tictactoe -n 2 --show 2      # watch the scripted player
     python eval.py --model random --env tictactoe --setting optimal   # a baseline
-    python env_tictactoe.py --model out/rl                            # play against a model
-    python env_tictactoe.py --report out/speedrun ...                 # the speedrun's report
+    python play_tictactoe.py --model out/rl                           # play against a model
 
 The model plays X, the opponent O; the example's seed decides who moves first. The opponent plays a
 uniformly random free cell with probability `random_move_prob`, else a uniform choice among ALL
@@ -21,13 +20,12 @@ Replies are untrusted text; their outcomes (see `parse_move`):
     whitespace aside, with no tags nested inside the think block.
 The research variants (puzzles, the rules teachers, show_wins, more rewards, exploration at the
 exploiter's replays) are env_tictactoe_lab.py, `--env tictactoe_lab`, built on the hooks TicTacToe
-marks. Pure Python: no torch (but certify, which plays a policy through sample.py, and the report).
+marks. Pure Python: no torch (but certify, which plays a policy through sample.py).
 """
 import copy
 import fractions
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import os
@@ -249,15 +247,6 @@ def parse_move(reply, board):
     if board[cell] != ".":
         return None, f"cell {cell} is already taken"
     return cell, None
-
-
-def branch(ep):
-    """A copy of an episode that goes on apart from it (certify branches lines over the opponent's
-    replies): lists and environment state copied, the rest shared, the KV cache included (the fast
-    engine gives the copy a row of its own); lists copied whole, far faster than deepcopy."""
-    child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
-    child["state"] = copy.deepcopy(ep["state"])
-    return child
 
 
 # ----------------------------------------------------------------------------- the environment
@@ -485,53 +474,18 @@ class TicTacToe:
         # in eval's games): the certificate's exact results against it, with no sampling error
         for ep in frontier:
             ep["line_prob"] = 0.5 if ep["example"]["model_first"] else 0.5 / 9
-        lines, decisions, optimal, mistakes = [], 0, 0, []
-        random_result = {"win": 0.0, "draw": 0.0, "loss": 0.0}
         # what each position demands: a win to take, else a threat to block, else a quiet move
-        # (forks are made or stopped there); per kind, [positions, the policy's right moves]
-        asked = {"win": [0, 0], "block": [0, 0], "quiet": [0, 0]}
-        # a <think> that opens with the `Wins:` check (the minimax and rules_wins teachers'): how
+        # (forks are made or stopped there); per kind, [positions, the policy's right moves]; a
+        # <think> that opens with the `Wins:` check (the minimax and rules_wins teachers'): how
         # often it is true, and at positions with a win to take, how often it names exactly X's wins
-        checks_true = wins_stated = 0
+        tally = {"decisions": 0, "optimal": 0, "win": [0, 0], "block": [0, 0], "quiet": [0, 0],
+                 "checks_true": 0, "wins_stated": 0}
+        lines, mistakes, random_result = [], [], {"win": 0.0, "draw": 0.0, "loss": 0.0}
         while frontier:
             replies = policy(frontier)
             nxt = []
             for ep, reply in zip(frontier, replies):
-                board = ep["state"]["board"]
-                cell, _ = parse_move(reply, board)
-                best = best_moves(board, "X")
-                decisions += 1
-                optimal += cell in best
-                wins, blocks = threats(board, "X"), threats(board, "O")
-                kind, right = (("win", wins) if wins else ("block", blocks) if blocks
-                               else ("quiet", best))
-                asked[kind][0] += 1
-                asked[kind][1] += cell in right
-                checks_true += self.check_is_true(reply, board)
-                wins_stated += bool(wins) and stated_own_wins(reply) == wins
-                before = value(board, "X")
-                line = {"model_first": ep["example"]["model_first"],
-                        "replies": ep["state"]["replies"]}
-                if cell is None:
-                    after_board, after = board, None
-                    mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move",
-                                     **line})
-                else:
-                    after_board = play(board, cell, "X")
-                    w = winner(after_board)
-                    after = 1 if w == "X" else 0 if w == "draw" else -value(after_board, "O")
-                    if after < before:
-                        mistakes.append({"board": board, "reply": reply[:200],
-                                         "kind": ("missed a forced win" if before == 1
-                                                  else "lost a drawn position"),
-                                         "value_before": before, "value_after": after, **line})
-                branches = (free_cells(after_board)
-                            if cell is not None and winner(after_board) is None else [None])
-                for c in branches:
-                    child = branch(ep)
-                    child["line_prob"] = ep["line_prob"] / len(branches)
-                    if c is not None:
-                        child["state"]["replies"] = {**ep["state"]["replies"], after_board: c}
+                for child in branch_replies(ep, self.judge(ep, reply, tally, mistakes)):
                     if advance(self, child, reply):
                         lines.append(finish(self, child))
                         for result in random_result:
@@ -542,30 +496,40 @@ class TicTacToe:
             frontier = nxt
             if progress:
                 print(f"certify: {len(lines)} lines finished, {len(frontier)} open")
-        won = sum(r["metrics"]["win"] for r in lines)
-        drawn = sum(r["metrics"]["draw"] for r in lines)
-        summary = {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn),
-                   "lines_lost": int(len(lines) - won - drawn), "decisions": decisions,
-                   "optimal_move_rate": optimal / max(decisions, 1), "mistakes": len(mistakes),
-                   "win_positions": asked["win"][0], "wins_taken": asked["win"][1],
-                   "block_positions": asked["block"][0], "threats_blocked": asked["block"][1],
-                   "quiet_positions": asked["quiet"][0], "quiet_optimal": asked["quiet"][1],
-                   "checks_true": checks_true, "wins_stated": wins_stated,
-                   "random_win_rate": random_result["win"],
-                   "random_draw_rate": random_result["draw"],
-                   "random_loss_rate": random_result["loss"]}
+        summary = certificate_summary(lines, tally, mistakes, random_result)
         if out:
-            os.makedirs(out, exist_ok=True)
-            with open(os.path.join(out, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
-            with open(os.path.join(out, "certificate.json"), "w") as f:
-                json.dump({**summary, "mistake_positions": mistakes}, f, indent=2)
-            with open(os.path.join(out, "lost_lines.jsonl"), "w") as f:
-                for r in lines:
-                    if r["metrics"]["loss"]:
-                        f.write(json.dumps({k: r[k] for k in ("messages", "rewards", "metrics")})
-                                + "\n")
+            write_certificate(out, summary, mistakes, lines)
         return summary, mistakes
+
+    def judge(self, ep, reply, tally, mistakes):
+        """certify's count of one decision on a line, in `tally`: optimal or not, right or not for
+        what its position demands, its `Wins:` check; a move that loses the position's value, or an
+        invalid one, joins `mistakes` with its line. Returns the board after the move (None after an
+        invalid one)."""
+        board = ep["state"]["board"]
+        cell, _ = parse_move(reply, board)
+        best = best_moves(board, "X")
+        tally["decisions"] += 1
+        tally["optimal"] += cell in best
+        wins, blocks = threats(board, "X"), threats(board, "O")
+        kind, right = ("win", wins) if wins else ("block", blocks) if blocks else ("quiet", best)
+        tally[kind][0] += 1
+        tally[kind][1] += cell in right
+        tally["checks_true"] += self.check_is_true(reply, board)
+        tally["wins_stated"] += bool(wins) and stated_own_wins(reply) == wins
+        line = {"model_first": ep["example"]["model_first"], "replies": ep["state"]["replies"]}
+        if cell is None:
+            mistakes.append({"board": board, "reply": reply[:200], "kind": "invalid move", **line})
+            return None
+        before, after_board = value(board, "X"), play(board, cell, "X")
+        w = winner(after_board)
+        after = 1 if w == "X" else 0 if w == "draw" else -value(after_board, "O")
+        if after < before:
+            mistakes.append({"board": board, "reply": reply[:200],
+                             "kind": ("missed a forced win" if before == 1
+                                      else "lost a drawn position"),
+                             "value_before": before, "value_after": after, **line})
+        return after_board
 
     def check_is_true(self, reply, board):
         """Hook: is the reply's `Wins:` check true on `board` (checks_true)? `states_the_wins`."""
@@ -623,6 +587,13 @@ class TicTacToe:
         return state["done"]
 
 
+# TicTacToeLab's own options, named here for load_environment to point to the lab when given one:
+# the lab imports the game, never the reverse (a test holds this list to the lab's signature)
+LAB_OPTIONS = ("opening_player", "replay_from", "check_reward", "loss_penalty", "optimal_reward",
+               "puzzles", "puzzle_kind", "puzzle_turns", "missed_win_penalty", "show_wins",
+               "replay_explore", "exploit_rank", "exploit_stop")
+
+
 def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_groups=8, max_turns=8,
                      invalid_penalty=0.1, show_cells=False, opening=0, opponent=None,
                      player_random_prob=0.0, **lab_options):
@@ -639,9 +610,8 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
     of a random move (`--model minimax`, sft.py's teacher). The research options (puzzles,
     show_wins, ...) are tictactoe_lab's: refused here, saying so."""
     if lab_options:
-        import env_tictactoe_lab
         name = next(iter(lab_options))
-        if name in inspect.signature(env_tictactoe_lab.TicTacToeLab).parameters:
+        if name in LAB_OPTIONS:
             raise TypeError(f"{name} is an option of tictactoe_lab (env_tictactoe_lab.py): "
                             "--env tictactoe_lab")
         raise TypeError(f"load_environment() got an unexpected keyword argument {name!r}")
@@ -653,211 +623,56 @@ def load_environment(min_random_move_prob=0.0, max_random_move_prob=1.0, num_gro
 load_environment.__signature__ = inspect.signature(TicTacToe)
 
 
-# -------------------------------------------------------------------------- playing in the terminal
+# ------------------------------------------------------- the certificate's lines, numbers and files
+
+def branch(ep):
+    """A copy of an episode that goes on apart from it (certify branches lines over the opponent's
+    replies): lists and environment state copied, the rest shared, the KV cache included (the fast
+    engine gives the copy a row of its own); lists copied whole, far faster than deepcopy."""
+    child = {k: list(v) if isinstance(v, list) else v for k, v in ep.items()}
+    child["state"] = copy.deepcopy(ep["state"])
+    return child
 
 
-def play_human(policy, env_args, games=None, load=load_environment):
-    """Games in the terminal: the policy is X, you are O (input() asks your cells); `games` of them,
-    or until you say no. `load`: the game's load_environment, or a variant's built on it."""
-    from sample import advance, new_episode
-
-    def ask(state):
-        free = free_cells(state["board"])
-        while True:
-            text = input(f"your move (O), one of {free}: ").strip()
-            if text.isdigit() and int(text) in free:
-                return int(text)
-            print("not a free cell, try again")
-    env = load(**env_args, opponent=ask)
-    played = 0
-    while games is None or played < games:
-        ep = new_episode(env, env.examples(1, seed=random.randrange(2**31))[0])
-        print("\n" + ep["messages"][1]["content"])
-        while True:
-            reply = policy([ep])[0]
-            print(f"[model] {reply}")
-            if advance(env, ep, reply):
-                break
-            print(ep["messages"][-1]["content"])
-        print(env.describe(ep["state"]))
-        played += 1
-        if games is None and input("again? [Y/n] ").strip().lower().startswith("n"):
-            return
+def branch_replies(ep, after):
+    """certify's next lines from an episode whose move led to board `after` (None: an invalid
+    move): one per free cell the opponent could reply, each with its share of the line's
+    probability; one alone where the game is over or the move was invalid. Made one at a time, as
+    certify plays each on."""
+    cells = free_cells(after) if after is not None and winner(after) is None else [None]
+    for c in cells:
+        child = branch(ep)
+        child["line_prob"] = ep["line_prob"] / len(cells)
+        if c is not None:
+            child["state"]["replies"] = {**ep["state"]["replies"], after: c}
+        yield child
 
 
-# ---------------------------------------------------------------------------- the speedrun's report
-
-def write_report(out, times, teacher, teacher_p, sft_args, rl_args, env_args, puzzle_args="",
-                 polish_args="", wins_args="", resumed=False, env="tictactoe"):
-    """OUT/results.json, OUT/report.md and OUT/curves.png from the evaluations a speedrun script
-    wrote to OUT/eval/{teacher,sft,rl}/{optimal,random,exploit}; times = (SFT, RL, total) seconds
-    or None; the SFT teacher (minimax with random-move probability teacher_p, or a rules teacher),
-    the other arguments and env (the commands' --env, where not tictactoe) name the run's recipe."""
-    import platform
-
-    import torch
-
-    from eval import plot_curves
-    t_sft, t_rl, t_all = times or (None, None, None)
-    load = lambda who, task: json.load(open(os.path.join(out, "eval", who, task, "summary.json")))
-    res = {w: {"optimal": load(w, "optimal"), "random": load(w, "random"),
-               "certificate": load(w, "exploit")} for w in ("teacher", "sft", "rl")}
-    # a resumed speedrun (RESUME=1) times only its own invocation: earlier stages count ~0
-    res["times_s"] = ({"sft": int(t_sft), "rl": int(t_rl), "total": int(t_all), "resumed": resumed}
-                      if times else None)
-    res["machine"] = f"{platform.machine()}, {os.cpu_count()} cores" + (
-        f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU only")
-    # the RL stages the run had, in order: (directory, the model it starts from, its flags, its
-    # name); the last gives the RL model (its best certificate's weights, and their step)
-    stages = [stage for stage in (("rl_puzzles", "sft", puzzle_args, "puzzle stage "),
-                                  ("rl", "rl_puzzles" if puzzle_args else "sft", rl_args, ""),
-                                  ("rl_polish", "rl", polish_args, "third stage "),
-                                  ("rl_wins", "rl_polish_best", wins_args, "fourth stage "))
-              if stage[0] == "rl" or stage[2]]
-    best = os.path.join(out, stages[-1][0] + "_best", "exploit.json")
-    res["rl_step"] = json.load(open(best))["step"] if os.path.exists(best) else None
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(res, f, indent=2)
-    max_new = json.load(open(os.path.join(out, "eval", "rl", "optimal",
-                                          "args.json")))["max_new_tokens"]
-    teacher_flags = f"--teacher {teacher}"
-    name = {"teacher": f"teacher (minimax, random moves p={teacher_p})" if teacher == "minimax" else
-                       f"teacher ({teacher}: a random legal move, no strategy)", "sft": "SFT model",
-            "rl": "RL model" + (f" ({stages[-1][3]}step {res['rl_step']}: the best certificate)"
-                                if res["rl_step"] is not None else "")}
-    rows = ["| model | opponent | win | draw | loss | format | games with invalid move |",
-            "|---|---|---|---|---|---|---|"]
-    for w in ("teacher", "sft", "rl"):
-        for o in ("random", "optimal"):
-            s = res[w][o]
-            rows.append(f"| {name[w]} | {o} | {s['win_rate']:.1%} | {s['draw_rate']:.1%} | "
-                        f"{s['loss_rate']:.1%} | {s['format_rate']:.1%} | "
-                        f"{s['invalid_rate']:.1%} |")
-    cert = ["| model | lines | won | drawn | lost | mistaken decisions | optimal moves | "
-            "wins taken | threats blocked | other moves optimal | true `Wins:` checks | "
-            "own wins stated | random opponent, exact: win / loss |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for w in ("teacher", "sft", "rl"):
-        c = res[w]["certificate"]
-        cert.append(f"| {name[w]} | {c['lines']} | {c['lines_won']} | {c['lines_drawn']} | "
-                    f"{c['lines_lost']} | {c['mistakes']} of {c['decisions']} | "
-                    f"{c['optimal_move_rate']:.1%} | {c['wins_taken']} of {c['win_positions']} | "
-                    f"{c['threats_blocked']} of {c['block_positions']} | "
-                    f"{c['quiet_optimal']} of {c['quiet_positions']} | "
-                    f"{c['checks_true']} of {c['decisions']} | "
-                    f"{c['wins_stated']} of {c['win_positions']} | "
-                    f"{c['random_win_rate']:.1%} / {c['random_loss_rate']:.1%} |")
-    # where the RL model still errs: the certificate's positions (board row by row, X = the model)
-    errs = json.load(open(os.path.join(out, "eval", "rl", "exploit",
-                                       "certificate.json")))["mistake_positions"]
-    shown = [f"- {m['kind']}: {m['board'][:3]}/{m['board'][3:6]}/{m['board'][6:]}, it replied "
-             f"`{' '.join(m['reply'].split())}`" for m in errs[:20]]
-    n = res["rl"]["optimal"]["n"]
-    errors = (f"The RL model's mistaken decisions: {len(errs)} (the first {len(shown)} below; "
-              f"all in {out}/eval/rl/exploit/certificate.json)" if errs else
-              "The RL model makes no mistaken decision: each of its moves on every line is "
-              "minimax-optimal.")
-    nl = "\n"
-    env_flag = "" if env == "tictactoe" else f" --env {env}"  # the environment its commands ran
-    drawn = plot_curves([(d, os.path.join(out, d, "metrics.jsonl")) for d, *_ in stages],
-                        os.path.join(out, "curves.png"), CURVE_PANELS)
-    metrics = ", ".join(f"{out}/{d}/metrics.jsonl" for d, *_ in stages)
-    rl_commands = "".join(f"    python rl.py --model {out}/{start}{env_flag} {args} "
-                          f"--out {out}/{d}{nl}" for d, start, args, _ in stages)
-    alone = (" of this resumed invocation alone (RESUME=1; earlier ones not counted)"
-             if resumed else "")
-    wall = (f"Wall time{alone}: SFT {t_sft}s, RL {t_rl}s, total with evaluation {t_all}s"
-            if times else "Wall time: not given (--times)")
-    curves = (f"{out}/curves.png (the RL stages one after another)" if drawn
-              else "none drawn (matplotlib is not installed)")
-    # the report's text; a backslash at a line's end joins the next source line to it
-    report = f"""# speedrun report
-
-Machine: {res['machine']}. {wall}.
-
-## Greedy play, {n} games per opponent
-{nl.join(rows)}
-
-## Certificate: the greedy policy against every opponent line (moving first and second)
-{nl.join(cert)}
-
-Each decision by what its position demands: a win to take (the model can complete a line at \
-once), else a threat to
-block (the opponent could), else another move, optimal by minimax (where forks are made or \
-stopped). A true check:
-the reply's <think> opens with `Wins: me A, opponent B.` and it is right (and its `Then: me C.`, \
-where written);
-own wins stated: at the positions with a win to take, the check's `me` part names exactly those \
-cells. Random
-opponent, exact: the greedy policy's results against a uniformly random opponent, every line \
-weighted by its
-probability (the games above sample them, 200 to about 2 points).
-
-{errors}
-{nl.join(shown)}
-
-## Commands
-    python sft.py --model scratch{env_flag} {teacher_flags} {sft_args} --out {out}/sft
-{rl_commands}    python eval.py --model MODEL{env_flag} --setting optimal random --exploit \
--n {n} --temp 0 --max_new_tokens {max_new} --env_args '{env_args}' --out {out}/eval/WHO
-
-Training curves: {curves}; the metrics: {metrics}
-"""
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report)
-    print(report)
+def certificate_summary(lines, tally, mistakes, random_result):
+    """certify's numbers from its finished lines, its `tally` of decisions (TicTacToe.judge), its
+    mistakes and the exact results against a random opponent."""
+    won = sum(r["metrics"]["win"] for r in lines)
+    drawn = sum(r["metrics"]["draw"] for r in lines)
+    decisions = tally["decisions"]
+    return {"lines": len(lines), "lines_won": int(won), "lines_drawn": int(drawn),
+            "lines_lost": int(len(lines) - won - drawn), "decisions": decisions,
+            "optimal_move_rate": tally["optimal"] / max(decisions, 1), "mistakes": len(mistakes),
+            "win_positions": tally["win"][0], "wins_taken": tally["win"][1],
+            "block_positions": tally["block"][0], "threats_blocked": tally["block"][1],
+            "quiet_positions": tally["quiet"][0], "quiet_optimal": tally["quiet"][1],
+            "checks_true": tally["checks_true"], "wins_stated": tally["wins_stated"],
+            **{f"random_{result}_rate": p for result, p in random_result.items()}}
 
 
-def main():
-    import argparse
-
-    from common import load_env, parse_env_args
-    from policies import add_policy_args, policy_from_args
-    p = add_policy_args(argparse.ArgumentParser(
-        description="Play tic-tac-toe against a model in the terminal: the model is X, you are O "
-                    "(--env and --env_args as for the model's training: tictactoe, or "
-                    "tictactoe_lab). Or, loading no model, the speedrun's report (--report)."))
-    p.set_defaults(temp=0.0)
-    r = p.add_argument_group("the speedrun's report (speedrun.sh, speedrun_random_teacher.sh)")
-    r.add_argument("--report", default=None, metavar="OUT", help="write OUT/report.md, "
-                   "OUT/results.json and OUT/curves.png (where matplotlib is installed) from the "
-                   "evaluations the speedrun left in OUT/eval; with --times, --teacher and "
-                   "--teacher_random_prob (the SFT teacher's), --sft_args, --rl_args (and the "
-                   "other stages' flags), --env and --env_args (the evaluation's) naming the run")
-    r.add_argument("--times", type=int, nargs=3, default=None, metavar=("SFT", "RL", "TOTAL"),
-                   help="--report: wall times in seconds")
-    r.add_argument("--resumed", action="store_true", help="--report: --times are those of a "
-                   "resumed run's last invocation alone (RESUME=1)")
-    r.add_argument("--teacher_random_prob", type=float, default=0.2,
-                   help="--report: the minimax teacher's player_random_prob (its --env_args)")
-    r.add_argument("--teacher", default="minimax", help="--report: the SFT teacher: minimax with "
-                   "--teacher_random_prob (speedrun.sh), or a teacher of random legal moves, "
-                   "tictactoe_lab's rules, rules_wins or rules_then "
-                   "(speedrun_random_teacher.sh TEACHER)")
-    r.add_argument("--sft_args", default="", help="--report: the flags the run gave sft.py")
-    r.add_argument("--rl_args", default="",
-                   help="--report: the flags the run gave rl.py (its main RL stage)")
-    r.add_argument("--puzzle_args", default="", help="--report: the flags of an RL stage on "
-                   "puzzles before it, if any (PUZZLE_STEPS)")
-    r.add_argument("--polish_args", default="",
-                   help="--report: the flags of an RL stage after it, if any (POLISH_STEPS)")
-    r.add_argument("--wins_args", default="", help="--report: the flags of a fourth RL stage "
-                   "from the third's best weights, if any (WINS_STEPS)")
-    args = p.parse_args()
-    if args.report:
-        return write_report(args.report, args.times, args.teacher, args.teacher_random_prob,
-                            args.sft_args, args.rl_args, args.env_args, args.puzzle_args,
-                            args.polish_args, args.wins_args, args.resumed, args.env)
-    # the model's environment: the game, or a variant built on it (--env tictactoe_lab: show_wins
-    # and the like); a bad option stops here, in one line
-    env_args = parse_env_args(args.env_args)
-    env = load_env(args.env, env_args)
-    try:
-        play_human(policy_from_args(args, env), env_args,
-                   load=importlib.import_module(f"env_{args.env}").load_environment)
-    except (EOFError, KeyboardInterrupt):
-        print("\nbye")
-
-
-if __name__ == "__main__":
-    main()
+def write_certificate(out, summary, mistakes, lines):
+    """certify's files in `out`: summary.json, certificate.json (with the mistakes' positions) and
+    lost_lines.jsonl (the lost lines' messages, rewards and metrics)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(out, "certificate.json"), "w") as f:
+        json.dump({**summary, "mistake_positions": mistakes}, f, indent=2)
+    with open(os.path.join(out, "lost_lines.jsonl"), "w") as f:
+        for r in lines:
+            if r["metrics"]["loss"]:
+                f.write(json.dumps({k: r[k] for k in ("messages", "rewards", "metrics")}) + "\n")

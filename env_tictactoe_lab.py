@@ -371,7 +371,7 @@ def main():
 
     p = argparse.ArgumentParser(description="speedrun_random_teacher.sh's checks, answered by the "
                                 "exit status (to play against a model trained here: python "
-                                "env_tictactoe.py --env tictactoe_lab --model DIR)")
+                                "play_tictactoe.py --env tictactoe_lab --model DIR)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--puzzle_learnt", nargs=2, default=None, metavar=("METRICS", "UNTIL"),
                        help="exit 0 if the solver reward (reward_optimal) averages at least UNTIL "

@@ -774,6 +774,7 @@ def test_a_research_option_is_refused_naming_the_lab():
     import env_tictactoe_lab as lab
     own = [name for name in inspect.signature(lab.load_environment).parameters if name not in inspect.signature(ttt.load_environment).parameters]
     assert {"puzzles", "show_wins", "check_reward", "replay_explore", "exploit_stop"} <= set(own)
+    assert sorted(ttt.LAB_OPTIONS) == sorted(own)  # the game names them without importing the lab
     for name in own:
         with pytest.raises(TypeError, match=rf"^{name} is an option of tictactoe_lab \(env_tictactoe_lab.py\): --env tictactoe_lab$"):
             ttt.load_environment(**{name: 0.5})
@@ -912,8 +913,9 @@ def test_booleans_and_nan_are_not_numbers(env_args):
 
 
 def test_play_against_a_model_in_the_terminal(monkeypatch, capsys):
-    """python env_tictactoe.py: the policy plays X, the person O through input(); a taken cell is asked again; the
+    """python play_tictactoe.py: the policy plays X, the person O through input(); a taken cell is asked again; the
     game ends with the final board and its result."""
+    import play_tictactoe
     import policies
     env = ttt.load_environment()
     asked = []
@@ -922,7 +924,7 @@ def test_play_against_a_model_in_the_terminal(monkeypatch, capsys):
         asked.append(prompt)
         return "x" if len(asked) == 1 else prompt.split("[")[1].split(",")[0].rstrip("]")
     monkeypatch.setattr("builtins.input", person)
-    ttt.play_human(policies.ScriptedPolicy(env, "minimax"), {"show_cells": True}, games=1)
+    play_tictactoe.play_human(policies.ScriptedPolicy(env, "minimax"), {"show_cells": True}, games=1)
     printed = capsys.readouterr().out
     assert "not a free cell, try again" in printed and "result: " in printed and "[model] <think>" in printed
     assert "You (X):" in printed  # the env_args reached the game

@@ -468,11 +468,13 @@ def test_unknown_scripted_player():
 
 
 def test_play_a_lab_model_in_the_terminal(monkeypatch, capsys):
-    """python env_tictactoe.py --env tictactoe_lab: the game in the terminal, with the lab's options (show_wins)."""
+    """python play_tictactoe.py --env tictactoe_lab: the game in the terminal, with the lab's options (show_wins)."""
+    import play_tictactoe
     import policies
     monkeypatch.setattr("builtins.input", lambda prompt: prompt.split("[")[1].split(",")[0].rstrip("]"))  # the first free cell
     env = lab.load_environment(show_wins=True)
-    ttt.play_human(policies.ScriptedPolicy(env, "rules_wins"), {"show_wins": True}, games=1, load=lab.load_environment)
+    play_tictactoe.play_human(policies.ScriptedPolicy(env, "rules_wins"), {"show_wins": True}, games=1,
+                              load=lab.load_environment)
     printed = capsys.readouterr().out
     assert "Wins now: you none, opponent none." in printed and "[model] <think>Wins: me " in printed and "result: " in printed
 
