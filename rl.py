@@ -225,6 +225,42 @@ def update(scorer, records, adv, args, opt, amp, ref=None, first=0, batch=None,
 
 
 # ----------------------------------------------------------------------------- 5. the loop
+def rl_step(args, step, env, draw, policy, scorer, ref, opt, amp, first, device):
+    """Steps 1-4 on this rank's share of the batch; returns the step's metrics, every rank's."""
+    t0, tokens0 = time.time(), policy.gen_tokens
+    # 1. rollouts: `group` episodes of each of the step's examples, a function of (seed, step)
+    with gathered(scorer):  # --fsdp: each rank rolls out on the whole model
+        examples, first_index = draw(0)
+        records = sample_rollouts(env, examples, policy, args.group, first_index)
+        records, draws = dynamic_sampling(env, records, draw, policy, args.group,
+                                          args.dynamic_sampling)
+    t_gen = time.time() - t0
+    # 2. advantages: each episode's reward minus the mean of its example's group
+    adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)
+    # 3-4. the loss on the sampled tokens, and the optimizer step(s)
+    opt.param_groups[0]["lr"] = lr = lr_at(step, args.lr, args.warmup, args.steps, "constant")
+    scorer.model.train()
+    with out_of_memory_says(f"in the update: lower --token_budget (now {args.token_budget}) "
+                            "or add --grad_ckpt"):
+        stats = update(scorer, records, adv, args, opt, amp, ref, first * args.group,
+                       args.batch, env.max_turns * args.max_new_tokens)
+    t_train = time.time() - t0 - t_gen
+    keep = ("reward", "rewards", "metrics", "mask", "truncated")
+    shares = gather_from_ranks(([{k: r[k] for k in keep} for r in records],
+                                (adv == 0).tolist(), policy.gen_tokens - tokens0, draws))
+    m = rollout_metrics([r for s in shares for r in s[0]])
+    m.update({k: stats[k] for k in ("entropy", "clip_frac", "grad_norm", "logp_mismatch")},
+             lr=lr, zero_adv=sum(z for s in shares for z in s[1]) / args.batch,
+             gen_tokens_per_s=sum(s[2] for s in shares) / t_gen,
+             train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
+             step_time=time.time() - t0, skipped_updates=stats["skipped"])
+    m.update({"draws": max(s[3] for s in shares)} if args.dynamic_sampling else {},
+             **({"kl": stats["kl"]} if ref else {}))
+    if device.startswith("cuda"):
+        m["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return m
+
+
 class Exploiter:
     """--exploit N: every N steps (and at the first and last) the environment's exploit(policy)
     judges the greedy policy: (numbers logged as exploit_*, a score tuple, lower is better, examples
@@ -345,7 +381,6 @@ def train(args, preempt):
     os.makedirs(args.out, exist_ok=True)
     resume = checkpoint_to_resume(args, rank)
     log = RunLog(args, rank)
-
     # the environment (one difficulty bucket per example of a step, where it has num_groups)
     env_args, n_examples = parse_env_args(args.env_args), args.batch // args.group
     first, end = my_share(n_examples, args.group, rank, world)  # this rank's examples of each step
@@ -365,7 +400,7 @@ def train(args, preempt):
     amp = train_autocast(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     trainer_state = start_or_resume(args, opt, resume, rank)
-    step, bad_steps, eval_envs = trainer_state["step"], 0, {}
+    step, bad_steps, eval_envs, signals = trainer_state["step"], 0, {}, []
     exploiter.replays, exploiter.step, exploiter.best = map(trainer_state.get, Exploiter.KEYS)
 
     def save():
@@ -395,57 +430,25 @@ def train(args, preempt):
         print(f"--resume: {args.out} holds the final checkpoint (step {step}, --steps "
               f"{args.steps}): nothing to do")
         return stop_ranks()
-    steps_run, steps_with_signal = 0, 0
     while step < args.steps:
         model.eval()
         if exploiter(step, greedy, scorer, tokenizer):
             break
-        t0, tokens0 = time.time(), policy.gen_tokens
-        # 1. rollouts: `group` episodes of each of the step's examples, a function of (seed, step)
-        with gathered(scorer):  # --fsdp: each rank rolls out on the whole model
-            examples, first_index = draw(0)
-            records = sample_rollouts(env, examples, policy, args.group, first_index)
-            records, draws = dynamic_sampling(env, records, draw, policy, args.group,
-                                              args.dynamic_sampling)
-        t_gen = time.time() - t0
-        # 2. advantages: each episode's reward minus the mean of its example's group
-        adv = group_advantages([r["reward"] for r in records], args.group, args.scale_rewards)
-        # 3-4. the loss on the sampled tokens, and the optimizer step(s)
-        opt.param_groups[0]["lr"] = lr = lr_at(step, args.lr, args.warmup, args.steps, "constant")
-        model.train()
-        with out_of_memory_says(f"in the update: lower --token_budget (now {args.token_budget}) "
-                                "or add --grad_ckpt"):
-            stats = update(scorer, records, adv, args, opt, amp, ref, first * args.group,
-                           args.batch, env.max_turns * args.max_new_tokens)
-        t_train, step = time.time() - t0 - t_gen, step + 1
-        bad_steps = bad_steps + 1 if stats["skipped"] else 0
-        # the step's metrics over the whole batch: every rank's episodes, in one process's order
-        keep = ("reward", "rewards", "metrics", "mask", "truncated")
-        shares = gather_from_ranks(([{k: r[k] for k in keep} for r in records],
-                                    (adv == 0).tolist(), policy.gen_tokens - tokens0, draws))
-        m = rollout_metrics([r for s in shares for r in s[0]])
-        m.update({k: stats[k] for k in ("entropy", "clip_frac", "grad_norm", "logp_mismatch")},
-                 lr=lr, zero_adv=sum(z for s in shares for z in s[1]) / args.batch,
-                 gen_tokens_per_s=sum(s[2] for s in shares) / t_gen,
-                 train_tokens_per_s=stats["train_tokens"] / max(t_train, 1e-9),
-                 step_time=time.time() - t0, skipped_updates=stats["skipped"])
-        m.update({"draws": max(s[3] for s in shares)} if args.dynamic_sampling else {},
-                 **({"kl": stats["kl"]} if ref else {}))
-        if device.startswith("cuda"):
-            m["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        m = rl_step(args, step, env, draw, policy, scorer, ref, opt, amp, first, device)
+        step, bad_steps = step + 1, bad_steps + 1 if m["skipped_updates"] else 0
         log(step, m)
-        signal = m["zero_adv"] < 1 or args.beta > 0
-        if rank == 0 and not signal and steps_run == steps_with_signal:  # the first such step
+        signal = m["zero_adv"] < 1 or args.beta > 0  # a gradient: unequal rewards, or the KL
+        if rank == 0 and not signal and all(signals):  # the first such step
             print(f"note: step {step} has no gradient: every group's episodes had equal rewards")
-        steps_run, steps_with_signal = steps_run + 1, steps_with_signal + signal
+        signals.append(signal)
         end_of_step(step, args.steps, args, preempt, rank, run_eval, save, bad_steps)
 
     exploiter(step, greedy, scorer, tokenizer, last=True)  # the last step's verdict, if not made
     run_eval()
     save()
     print(f"done: {step} steps in {time.time() - t_start:.0f}s, model in {args.out}")
-    if rank == 0 and steps_run and not steps_with_signal:
-        print(f"warning: in all {steps_run} steps every group's episodes had equal rewards "
+    if rank == 0 and signals and not any(signals):
+        print(f"warning: in all {len(signals)} steps every group's episodes had equal rewards "
               "(zero_adv 1): every advantage was 0, so nothing was trained and the weights are "
               "the model's as loaded. Raise --temp or --group, or use an environment whose rewards "
               "tell this model's episodes apart.")
