@@ -28,7 +28,8 @@ tool parser would; the tools are offered through the chat template (`tools`); ea
 one tool message.
 
 Rewards: each rubric function by its own name with the rubric's weight (`reward_weights`);
-weight-0 functions are metrics, with `error` (1 where Verifiers recorded an error, or a reward
+weight-0 functions are metrics, named n_NAME (values, not rates: eval.py prints mean_NAME), with
+`error` (1 where Verifiers recorded an error, or a reward
 function or tool raised: Verifiers scores those 0 and logs them). Refused at load, with the
 reason: group reward functions, few-shot prompts, judge rubrics (a network model), sandboxes,
 environment groups, prompts that are not [system, user] text, and verifiers outside 0.1.14-0.3.x
@@ -165,14 +166,14 @@ def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
                 "num_groups": num_groups}
     from env_verifiers_v1 import VerifiersV1Env, is_v1_module
     if is_v1_module(module):
+        sys.modules[module.__name__] = module  # Verifiers imports its taskset by name
         return VerifiersV1Env(module, **settings)
     return VerifiersEnv(module, **settings)
 
 
 def environment_module(id, path):
     """The environment's module: an installed one by id (a Hub id owner/name@version names the
-    module name) or a .py file or package folder by path, registered under its name (Verifiers
-    v1 imports its taskset by name); ValueError saying what to install."""
+    module `name`) or a .py file or package folder by path; ValueError saying what to install."""
     if path is not None:
         if not (isinstance(path, str) and os.path.exists(path)):
             raise ValueError(f"path={path!r}: no such file or folder")
@@ -180,9 +181,7 @@ def environment_module(id, path):
             sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
             id = os.path.basename(os.path.abspath(path))
         else:
-            module = _import_classic_aware(path)
-            sys.modules.setdefault(module.__name__, module)
-            return module
+            return _import_classic_aware(path)
     if not isinstance(id, str):
         raise ValueError(f"id={id!r}: must be a module name")
     name = id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_")
@@ -357,7 +356,7 @@ class VerifiersEnv:
         state = self._final_state(episode)
         metrics = (state or {}).get("metrics") or {}
         error = state is None or state.get("error") is not None or bool(episode.errors)
-        return {**{n: float(metrics.get(n, 0.0)) for n in self.metric_names},
+        return {**{f"n_{n}": float(metrics.get(n, 0.0)) for n in self.metric_names},
                 "cut_off": float(episode.cut_off), "error": float(error)}
 
     def describe(self, episode):

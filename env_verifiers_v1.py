@@ -177,7 +177,9 @@ class VerifiersV1Env:
         if episode.run.done():
             return None
         episode.replies += 1
-        episode.reply.set_result(reply if isinstance(reply, str) else str(reply))
+        reply = reply if isinstance(reply, str) else str(reply)
+        # a text that cannot be UTF-8 (a lone surrogate) cannot cross HTTP: as a decoder writes it
+        episode.reply.set_result(reply.encode("utf-8", "replace").decode("utf-8"))
         messages = self._advance(episode)
         if messages is None:
             return None

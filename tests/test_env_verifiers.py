@@ -23,7 +23,7 @@ from reference import reference_score_sync  # noqa: E402
 
 def inner(name, **args):
     """The adapter in this process (no guard): rewards and Verifiers' state can be compared directly."""
-    return ev.VerifiersEnv(path=str(ENVS / f"{name}.py"), args=args)
+    return ev.open_environment(path=str(ENVS / f"{name}.py"), args=args)
 
 
 def play(env, row, replies):
@@ -53,7 +53,7 @@ def assert_same_as_verifiers(env, row, replies, reference_replies=None):
     ref = reference_score_sync(env.env, env.rows[row], reference_replies or replies)
     assert set(rewards) == set(env.reward_weights)
     assert rewards == {k: ref["metrics"][k] for k in rewards}
-    assert {k: metrics[k] for k in env.metric_names} == {k: ref["metrics"][k] for k in env.metric_names}
+    assert {k: metrics[f"n_{k}"] for k in env.metric_names} == {k: ref["metrics"][k] for k in env.metric_names}
     assert math.isclose(total_reward(env, rewards), ref["reward"], abs_tol=1e-9)
     assert metrics["error"] == 0
     return rewards, ref
@@ -121,7 +121,7 @@ def test_tool_calls_written_as_text_run_verifiers_tools():
     for replies, ref_replies in zip(text, struct):
         assert_same_as_verifiers(env, 0, replies, ref_replies)
     rewards, metrics, messages = play(env, 0, text[1])
-    assert rewards["correct_answer"] == 1 and metrics["total_tool_calls"] == 2
+    assert rewards["correct_answer"] == 1 and metrics["n_total_tool_calls"] == 2
     assert [m["role"] for m in messages[1]] == ["tool", "tool"] and messages[1][1]["content"] == "12"
     _, _, messages = play(env, 0, text[0])
     assert messages[1] == {"role": "tool", "content": str(a + b)}
@@ -194,7 +194,7 @@ def test_examples_are_the_same_in_two_processes(tmp_path):
 
 
 def test_num_groups_buckets_every_step():
-    env = ev.VerifiersEnv(path=str(ENVS / "vf_game.py"), num_groups=4)
+    env = ev.open_environment(path=str(ENVS / "vf_game.py"), num_groups=4)
     assert env.env.rubric is not None
     for seed in range(5):
         rows = env.examples(8, seed)
@@ -221,7 +221,7 @@ def test_what_cannot_run_is_refused_at_load(tmp_path, monkeypatch, case):
                     "def load_environment():\n    return vf.SingleTurnEnv(dataset=Dataset.from_list([{'question': "
                     f"'q', 'answer': 'a'}}]), {build})\n")
     with pytest.raises(ValueError, match=why):
-        ev.VerifiersEnv(path=str(path))
+        ev.open_environment(path=str(path))
 
 
 def test_verifiers_without_the_classic_api_says_which_version(monkeypatch):
@@ -275,7 +275,7 @@ def test_a_reward_function_that_raises_is_an_error_not_a_silent_zero(tmp_path):
             rows = [{"question": "q", "answer": "a"}]
             return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[fine, broken]))
     '''))
-    env = ev.VerifiersEnv(path=str(path))
+    env = ev.open_environment(path=str(path))
     rewards, metrics, _ = play(env, 0, ["anything"])
     assert rewards == {"fine": 0.5, "broken": 0.0} and metrics["error"] == 1
 

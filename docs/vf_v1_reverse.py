@@ -31,7 +31,7 @@ class ReverseTask(vf.Task[ReverseData]):
 
 
 class ReverseConfig(vf.TasksetConfig):
-    num_tasks: int = 200
+    num_tasks: int = 2000
     min_len: int = 3
     max_len: int = 6
 

@@ -1,0 +1,186 @@
+"""Verifiers v1 environments (verifiers 0.4.0; env_verifiers_v1.py) beside the classic ones (0.3.1, this
+process's): the two generations cannot share one installation, so the v1 leg runs its guard workers in a venv of
+its own, made here with uv (about 10 s the first time, then reused: .venv-vf04). Rewards equal Verifiers' own
+(its trace's reward) and this file's own reading of the environments (weights included), @vf.stop and max_turns,
+junk replies, what is refused and why, and rl.py / eval.py on a single-turn and a multi-turn environment."""
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import env_verifiers as ev
+from conftest import ROOT, run_main
+from sample import total_reward
+
+VENV = ROOT / ".venv-vf04"
+PYTHON = VENV / "bin" / "python"
+REVERSE = str(ROOT / "docs" / "vf_v1_reverse.py")
+GUESS = str(ROOT / "tests" / "vf_v1" / "v1_guess.py")
+
+
+def has_verifiers_04():
+    return PYTHON.exists() and subprocess.run(
+        [str(PYTHON), "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"],
+        capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def python():
+    """The venv with verifiers 0.4.0 (uv, from requirements-test.txt): made once, then reused."""
+    if not has_verifiers_04():
+        uv = [sys.executable, "-m", "uv"]
+        subprocess.run(uv + ["venv", "-q", "--allow-existing", str(VENV)], check=True)
+        subprocess.run(uv + ["pip", "install", "-q", "--python", str(PYTHON), "verifiers==0.4.0"], check=True)
+    return str(PYTHON)
+
+
+@pytest.fixture(scope="module")
+def reverse(python):
+    env = ev.load_environment(path=REVERSE, python=python, timeout=60)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def guess(python):
+    env = ev.load_environment(path=GUESS, python=python, timeout=60)
+    yield env
+    env.close()
+
+
+def play(env, row, replies):
+    """(rewards, metrics, what Verifiers said, the messages after each reply) of one episode."""
+    state, first = env.reset({"seed": 0, "row": row})
+    said = [first]
+    for reply in replies:
+        said.append(env.step(state, reply))
+        if said[-1] is None:
+            break
+    return env.rewards(state), env.metrics(state), env.describe(state), said
+
+
+def verifiers_reward(description):
+    """Verifiers' own total: its trace's reward (the weighted sum of its Reward records)."""
+    return float(re.search(r"reward (-?[\d.e-]+)", description).group(1))
+
+
+def test_single_turn_rewards_are_verifiers_own_and_as_written(reverse):
+    assert reverse.reward_weights == {"similarity": 1.0, "formatted": 0.2}
+    assert reverse.system_prompt == "Reply with <answer>the reversed text</answer>."
+    for row in range(6):
+        state, first = reverse.reset({"seed": 0, "row": row})
+        word = first.removeprefix("Reverse: ")
+        reverse.step(state, "")  # ended: the single turn
+        for reply in (f"<answer>{word[::-1]}</answer>", f"<answer>{word}</answer>", f"so: <answer>{word[1:]}</answer>",
+                      word[::-1], ""):
+            rewards, metrics, description, said = play(reverse, row, [reply])
+            found = re.search(r"<answer>(.*?)</answer>", reply)
+            similarity = difflib.SequenceMatcher(None, found.group(1) if found else "", word[::-1]).ratio()
+            formatted = float(bool(re.fullmatch(r"\s*<answer>[^<]*</answer>\s*", reply)))
+            assert said == [first, None]
+            assert rewards == pytest.approx({"similarity": similarity, "formatted": formatted})
+            assert total_reward(reverse, rewards) == pytest.approx(similarity + 0.2 * formatted)
+            assert total_reward(reverse, rewards) == pytest.approx(verifiers_reward(description))
+            assert metrics == {"n_reply_chars": len(reply.strip()), "cut_off": 0, "error": 0, "timeout": 0}
+
+
+def bisect(env, row, high=8):
+    """A player that halves the range on each hint: its replies and the hints it was given."""
+    state, _ = env.reset({"seed": 0, "row": row})
+    low, top, replies, hints = 1, high, [], []
+    while True:
+        replies.append(str((low + top) // 2))
+        hints.append(env.step(state, replies[-1]))
+        if hints[-1] is None:
+            return state, replies, hints
+        low, top = (int(replies[-1]) + 1, top) if hints[-1] == "Higher." else (low, int(replies[-1]) - 1)
+
+
+def test_multi_turn_plays_the_env_until_its_stop_or_the_turn_limit(guess):
+    assert guess.max_turns == 5 and guess.reward_weights == {"found": 1.0, "turns_used": -0.1}
+    for row in range(8):
+        state, replies, hints = bisect(guess, row)
+        rewards, metrics = guess.rewards(state), guess.metrics(state)
+        assert "stop: guessed" in guess.describe(state) and len(replies) <= 4
+        assert rewards == {"found": 1.0, "turns_used": len(replies)}
+        assert metrics == {"n_guesses": len(replies), "cut_off": 0, "error": 0, "timeout": 0}
+        assert total_reward(guess, rewards) == pytest.approx(verifiers_reward(guess.describe(state)))
+    rewards, metrics, description, said = play(guess, 0, ["0", "zero", "9", "0", "0", "0", "0"])
+    assert said[1:] == ["Higher.", "Not a number.", "Lower.", "Higher.", None]  # cut off at the 5th reply
+    assert "stop: max_turns" in description and metrics["cut_off"] == 1 and metrics["error"] == 0
+    assert rewards == {"found": 0.0, "turns_used": 5.0}
+    assert total_reward(guess, rewards) == pytest.approx(-0.5) == verifiers_reward(description)
+
+
+JUNK = ["", " ", "\x00\x01", "<answer>", "</answer><answer>", "<answer>" * 1000, "9" * 5000, "-" * 100_000,
+        "🙂" * 300, '<tool_call>{"name": "x", "arguments": {}}</tool_call>', "<tool_call>{bad json</tool_call>",
+        "\ud800", "null", "{}", "[]", "\n" * 500, "<|im_end|>", "{{ system }}", "%s %d", "Higher."]
+
+
+def test_junk_replies_never_raise_and_score_as_replies(reverse, guess):
+    for env in (reverse, guess):
+        for i, reply in enumerate(JUNK):
+            rewards, metrics, description, said = play(env, i % 8, [reply] * 6)
+            assert said[-1] is None and metrics["error"] == 0, description
+            assert set(rewards) == set(env.reward_weights)
+
+
+def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
+    """Each a v1 environment a user may bring: refused at load by what it would need, in one worker-free process
+    (the venv's python imports env_verifiers directly)."""
+    head = "import verifiers.v1 as vf\n\nclass D(vf.TaskData):\n    pass\n\n"
+    task = "class T(vf.Task[D]):\n    @vf.reward\n    async def r(self, trace) -> float:\n        return 1.0\n\n"
+    tasks = "class S(vf.Taskset[T, C]):\n    def load(self):\n        return [T(D(prompt={prompt}))]\n\n"
+    cases = {
+        "bash": ("class C(vf.TasksetConfig):\n    pass\n\n" + tasks.format(prompt="'hi'") +
+                 "class EC(vf.EnvConfig):\n    agent: vf.AgentConfig = vf.AgentConfig(harness={'id': 'bash'})\n\n"
+                 "class E(vf.Env[EC]):\n    async def run(self, task, agents):\n        await agents.agent.run(task)\n\n"
+                 "__all__ = ['S', 'E']\n", "pins the 'bash' harness"),
+        "seats": ("class C(vf.TasksetConfig):\n    pass\n\n" + tasks.format(prompt="'hi'") +
+                  "class EC(vf.EnvConfig):\n    a: vf.AgentConfig = vf.AgentConfig()\n"
+                  "    b: vf.AgentConfig = vf.AgentConfig()\n\n"
+                  "class E(vf.Env[EC]):\n    async def run(self, task, agents):\n        await agents.a.run(task)\n\n"
+                  "__all__ = ['S', 'E']\n", "2 seats"),
+        "tools": ("class Tools(vf.Toolset[vf.ToolsetConfig]):\n    @vf.tool\n    def echo(self, text: str) -> str:\n"
+                  "        return text\n\nclass TC(vf.TaskConfig):\n    pass\n\n"
+                  "class T2(T):\n    @classmethod\n    def toolsets(cls, config):\n        return [Tools()]\n\n"
+                  "class C(vf.TasksetConfig):\n    pass\n\n" + tasks.replace("T,", "T2,").replace("[T(", "[T2(")
+                  .format(prompt="'hi'") + "__all__ = ['S']\n", "tool servers"),
+        "messages": ("class C(vf.TasksetConfig):\n    pass\n\n" +
+                     tasks.format(prompt="[vf.UserMessage(content='hi')]") + "__all__ = ['S']\n", "not text"),
+        "setting": ("class C(vf.TasksetConfig):\n    pass\n\n" + tasks.format(prompt="'hi'") + "__all__ = ['S']\n",
+                    "do not validate"),
+    }
+    script = ["import json, sys", f"sys.path.insert(0, {str(ROOT)!r})", "import env_verifiers as ev", "said = {}"]
+    for name, (source, _) in cases.items():
+        (tmp_path / f"refused_{name}.py").write_text(head + task + source)
+        args = {"no_such_setting": 1} if name == "setting" else None
+        script.append(f"try:\n    ev.open_environment(path={str(tmp_path / f'refused_{name}.py')!r}, args={args!r})\n"
+                      f"    said[{name!r}] = 'loaded'\nexcept ValueError as e:\n    said[{name!r}] = str(e)")
+    script.append("print(json.dumps(said))")
+    done = subprocess.run([python, "-c", "\n".join(script)], capture_output=True, text=True, timeout=300)
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, (_, why) in cases.items():
+        assert why in said[name], (name, said[name])
+
+
+def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, torch_single_thread, reverse):
+    """rl.py 2 steps on each (its last step evaluates); eval.py on each: its episodes are the rows our own
+    instance deals for the same seed (the same tasks in every process)."""
+    for name, path in (("reverse", REVERSE), ("guess", GUESS)):
+        env_args = json.dumps({"path": path, "python": python})
+        out = run_main("rl", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "--batch", "4",
+                              "--group", "2", "--steps", "2", "--max_new_tokens", "8", "--eval_every", "0",
+                              "--eval_n", "2", "--out", str(tmp_path / name / "rl")])
+        assert "step 2 |" in out and "step 2 | eval_" in out
+        out = run_main("eval", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "-n", "3",
+                                "--max_new_tokens", "8", "--seed", "5", "--out", str(tmp_path / name / "eval")])
+        assert "error_rate" in out and "reward" in out and ("mean_reply_chars" in out or "mean_guesses" in out)
+    episodes = [json.loads(line) for line in open(next((tmp_path / "reverse" / "eval").rglob("*.jsonl")))]
+    firsts = sorted(e["messages"][1]["content"] for e in episodes if "messages" in e)
+    ours = sorted(reverse.reset(ex)[1] for ex in reverse.examples(3, seed=5))
+    assert firsts == ours and len(ours) == 3
