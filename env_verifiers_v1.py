@@ -23,7 +23,6 @@ hosted judges, tasks in container images, task-scoped tool servers (each one a p
 episode), and prompts that are not text with one system prompt for all tasks.
 """
 import asyncio
-import inspect
 import json
 import os
 import random
@@ -98,7 +97,10 @@ class VerifiersV1Env:
 
     @staticmethod
     def _seats(config):
-        from verifiers.v1.configs.agent import agent_config_fields
+        try:
+            from verifiers.v1.configs.agent import agent_config_fields
+        except ImportError:  # 0.3's verifiers.v1
+            from verifiers.v1.agent import agent_config_fields
         return agent_config_fields(config)
 
     def _build(self, vf, module, args, max_turns):
@@ -285,10 +287,10 @@ def _register_harness(vf):
     if HARNESS in sys.modules:
         return
     from verifiers.v1.dialects.chat import message_to_wire
-    from verifiers.v1.harnesses.null import NullHarness
-    from verifiers.v1.harnesses.utils import compaction, core, mcp
-    program = {"__name__": "vf_chat_program"}  # the modules the chat program bundles, as one
-    source = "\n".join(inspect.getsource(m) for m in (mcp, compaction, core))
+    from verifiers.v1.harnesses.null import NullHarness, harness
+    # the program's source as the harness gives it to uv (0.4: bundled modules, 0.3: one file)
+    source = getattr(harness, "CHAT_PROGRAM_SOURCE", None) or harness.PROGRAM_SOURCE
+    program = {"__name__": "vf_chat_program"}  # not __main__: its main() is ours to call
     exec(compile(source, "<verifiers chat program>", "exec"), program)
 
     class InProcessNull(NullHarness):
