@@ -1,7 +1,8 @@
 """
-Verifiers environments, as they are: any environment written with Verifiers' classic API
+Verifiers environments, as they are, of both generations: one written with Verifiers' classic API
 (`load_environment`, SingleTurnEnv, MultiTurnEnv with `setup_state`/`env_response`/`@vf.stop`,
-ToolEnv, StatefulToolEnv, a `Rubric` of weighted reward functions), trained and evaluated here.
+ToolEnv, StatefulToolEnv, a `Rubric` of weighted reward functions) runs here; one written with its
+v1 API (a module exporting a `vf.Taskset`: verifiers 0.4) runs in env_verifiers_v1.py.
 
     uv pip install verifiers==0.3.1    # optional (many dependencies): not in requirements.txt
     python eval.py --env verifiers --model minimax_vf:play -n 20 \\
@@ -10,8 +11,11 @@ ToolEnv, StatefulToolEnv, a `Rubric` of weighted reward functions), trained and 
         --env_args '{"id": "tictactoe", "args": {"max_turns": 8}}'
 
 env_args: `id` (an installed environment's module, as `pip install` or `prime env install`
-installs it) or `path` (a .py file); `args`: its load_environment keyword arguments;
-`dataset_seed` (default 0): the global `random` and numpy seeds while it builds its dataset
+installs it; a Hub id owner/name@version names the module `name`) or `path` (a .py file or a
+package folder); `args`: its load_environment keyword arguments (v1: its TasksetConfig's fields);
+`python`: the interpreter of the guard's worker (a venv whose verifiers fits the environment: the
+two generations cannot share one installation, and the trainer needs none); `dataset_seed`
+(default 0): the global `random` and numpy seeds while it builds its dataset
 (environments that draw from the unseeded global `random`, as the course's tic-tac-toe does, then
 build the same rows in every process); `max_turns`: the cut-off for an environment with no turn
 limit of its own (default 16); `num_groups`: consecutive examples cycle through that many rows
