@@ -53,11 +53,11 @@ import signal
 import sys
 import time
 
+from env_verifiers_v1 import DEFAULT_MAX_TURNS, VerifiersV1Env, is_v1_module, start_row
 from guard import Guarded, import_source
 
 SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
              "`uv pip install verifiers==0.3.1`)")  # named in every error about the classic API
-DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of its own
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # Hermes/Qwen3 text tool calls
 CURRENT = contextvars.ContextVar("episode")  # the running rollout's episode (a task copies it)
 
@@ -83,13 +83,6 @@ def import_verifiers(classic=True):
                else "predates the Client interface this runs on")
         raise ValueError(f"verifiers {version} {why}; this adapter runs {SUPPORTED}") from None
     return vf, Client
-
-
-def start_row(seed, n_rows, num_groups):
-    """The first of a step's consecutive rows (cyclic), drawn from seed and aligned to num_groups:
-    each step's examples cover the environment's difficulty buckets as its dataset lays them out."""
-    start = random.Random(f"verifiers/{seed}").randrange(n_rows)
-    return start - start % num_groups
 
 
 def parse_tool_calls(text):
@@ -168,7 +161,6 @@ def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
     module = environment_module(id, path)
     settings = {"args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
                 "num_groups": num_groups}
-    from env_verifiers_v1 import VerifiersV1Env, is_v1_module
     if is_v1_module(module):
         sys.modules[module.__name__] = module  # Verifiers imports its taskset by name
         return VerifiersV1Env(module, **settings)

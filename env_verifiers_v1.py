@@ -31,9 +31,15 @@ import sys
 import time
 import types
 
-from env_verifiers import DEFAULT_MAX_TURNS, parse_tool_calls, start_row
-
 HARNESS = "rlenvs_inprocess_null"  # the module name our in-process chat harness registers as
+DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of its own (both APIs)
+
+
+def start_row(seed, n_rows, num_groups):
+    """The first of a step's consecutive rows (cyclic; both APIs), drawn from seed and aligned to
+    num_groups: each step's examples cover the difficulty buckets as the dataset lays them out."""
+    start = random.Random(f"verifiers/{seed}").randrange(n_rows)
+    return start - start % num_groups
 
 
 def import_v1():
@@ -253,7 +259,7 @@ def _key(message):
 
 def _policy_client(vf, adapter):
     """A vf.Client whose model is our policy: a request awaits the reply given to step()."""
-    from verifiers.v1.types import AssistantMessage, Response, ToolCall
+    from verifiers.v1.types import AssistantMessage, Response
 
     class PolicyClient(vf.Client):
         async def get_response(self, dialect, body, sampling, session_id=None, turn=None,
@@ -262,23 +268,14 @@ def _policy_client(vf, adapter):
             episode.reply = asyncio.get_running_loop().create_future()
             episode.turn.set_result(body.get("messages") or [])
             text = await episode.reply
-            content, calls = parse_tool_calls(text) if body.get("tools") else (text, [])
-            message = {"role": "assistant", "content": content}
-            wire_calls = [{"id": c["id"], "type": "function",
-                           "function": {"name": c["name"], "arguments": c["arguments"]}}
-                          for c in calls]
-            if calls:
-                message["tool_calls"] = wire_calls
+            message = {"role": "assistant", "content": text}  # text: tool servers are refused
             episode.seen = list(body.get("messages") or []) + [message]
-            finish = "tool_calls" if calls else "stop"
             created = int(time.time())
             raw = {"id": "policy", "object": "chat.completion", "created": created,
                    "model": "policy",
-                   "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-            return Response(id="policy", created=created, model="policy", finish_reason=finish,
-                            message=AssistantMessage(content=content, tool_calls=[
-                                ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"])
-                                for c in calls] or None), raw=raw)
+                   "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+            return Response(id="policy", created=created, model="policy", finish_reason="stop",
+                            message=AssistantMessage(content=text), raw=raw)
     return PolicyClient()
 
 
