@@ -290,10 +290,11 @@ def _register_harness(vf):
     source = getattr(harness, "CHAT_PROGRAM_SOURCE", None) or harness.PROGRAM_SOURCE
     program = {"__name__": "vf_chat_program"}  # not __main__: its main() is ours to call
     exec(compile(source, "<verifiers chat program>", "exec"), program)
-    # Its model client loads the CA bundle anew each launch (about 0.1 s: most of an episode's
+    # 0.4's model client loads the CA bundle anew each launch (about 0.1 s: most of an episode's
     # cost), for a loopback endpoint that never uses TLS: one context serves every launch.
-    new_client, tls = program["DefaultAsyncHttpxClient"], ssl.create_default_context()
-    program["DefaultAsyncHttpxClient"] = lambda **kw: new_client(**{**kw, "verify": tls})
+    if "DefaultAsyncHttpxClient" in program:
+        new_client, tls = program["DefaultAsyncHttpxClient"], ssl.create_default_context()
+        program["DefaultAsyncHttpxClient"] = lambda **kw: new_client(**{**kw, "verify": tls})
 
     class InProcessNull(NullHarness):
         async def setup(self, runtime):

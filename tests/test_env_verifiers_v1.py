@@ -88,6 +88,19 @@ def test_single_turn_rewards_are_verifiers_own_and_as_written(reverse):
             assert metrics == {"n_reply_chars": len(reply.strip()), "cut_off": 0, "error": 0, "timeout": 0}
 
 
+def test_v1_runs_on_verifiers_031_too():
+    """0.3.1 (this process's verifiers) ships an earlier verifiers.v1 beside the classic API: the same file runs on
+    it, in this process (no worker, no venv), with the same rewards."""
+    env = ev.open_environment(path=REVERSE)
+    for row in range(3):
+        state, first = env.reset({"seed": 0, "row": row})
+        word = first.removeprefix("Reverse: ")
+        assert env.step(state, f"<answer>{word[:-1][::-1]}</answer>") is None
+        similarity = difflib.SequenceMatcher(None, word[:-1][::-1], word[::-1]).ratio()
+        assert env.rewards(state) == pytest.approx({"similarity": similarity, "formatted": 1.0})
+        assert total_reward(env, env.rewards(state)) == pytest.approx(verifiers_reward(env.describe(state)))
+
+
 def bisect(env, row, high=8):
     """A player that halves the range on each hint: its replies and the hints it was given."""
     state, _ = env.reset({"seed": 0, "row": row})
