@@ -3,25 +3,30 @@ A guard for third-party environment code (reasoning-gym, TextArena, Verifiers): 
 process, each call into it (load, examples, reset, step, scoring, scripted players) under a time
 limit and, where the platform has one, a memory limit. A reply that hangs a scorer, a library that
 crashes or eats the memory, costs its episode (every reward 0, metric `error` 1, `timeout` 1 if time
-ran out), never the run: the worker is killed, a new one started, and the other live episodes are
-rebuilt in it by replaying their replies (an environment must be deterministic given its replies).
+ran out), never the run. A call that overruns is interrupted in the worker (a timer signal raises
+Overrun there), which drops its episode and goes on; where no signal reaches it (a loop in C: a big
+power, a regex), or the worker dies, it is killed, a new one started, and the other live episodes
+are rebuilt in it by replaying their replies (an environment must be deterministic given them).
 
     env = Guarded("env_textarena:TextArena", {"game": "Set-v0"}, timeout=30)  # load_environment()
 
 The worker, a fresh interpreter (`python guard.py`), imports only the environment's module, never
 torch; only JSON lines cross the pipes (prints go to /dev/null). Its signal handlers, atexit hooks,
-pools and random state are its own: a library's SIGTERM handler can't change how the trainer stops.
+pools and random state are its own: a library's SIGTERM handler can't change how the trainer stops
+(SIGALRM and SIGPROF are the guard's timers there).
 """
 import importlib
 import importlib.util
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
 
 LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment, play the probe episode
+GRACE = 1.0  # seconds past its limit before a worker that has not interrupted the call is killed
 
 
 def import_source(where):
@@ -89,29 +94,35 @@ class Guarded:
 
     def _call(self, op, arg, timeout=None):
         """(kind, value): ("ok", result), (exception name, message) if the call raised, ("timeout",
-        ...) or ("crash", ...) if the worker overran or died (the next call then starts another)."""
+        ...) if it overran (interrupted in the worker, or the worker killed), ("crash", ...) if the
+        worker died (the next call then starts another)."""
         if self.proc is None:
             self._start()
-        start, limit = time.perf_counter(), timeout or self.timeout
+        start, wall, cpu = time.perf_counter(), timeout or self.timeout, 0.0
         try:
-            self.proc.stdin.write(json.dumps([op, arg]).encode() + b"\n")
-            while b"\n" not in self.buffer:
-                left = limit - (time.perf_counter() - start)
-                if left <= 0:
-                    self._kill()
-                    return "timeout", f"{op} took over {limit:g} s (the worker was restarted)"
-                if select.select([self.proc.stdout], [], [], left)[0]:
-                    chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
-                    if not chunk:
-                        raise BrokenPipeError
-                    self.buffer += chunk
+            self.proc.stdin.write(json.dumps([op, arg, wall, cpu]).encode() + b"\n")
+            reply = self._reply(op, wall, start)
         except (BrokenPipeError, OSError):
             code = self.proc.wait()
             self.proc = None
-            return "crash", f"the worker died in {op} (exit code {code}; out of memory?)"
-        finally:
-            self.calls += 1
-            self.call_seconds += time.perf_counter() - start
+            reply = ["crash", f"the worker died in {op} (exit code {code}; out of memory?)"]
+        seconds = time.perf_counter() - start
+        self.calls, self.call_seconds = self.calls + 1, self.call_seconds + seconds
+        return reply
+
+    def _reply(self, op, wall, start):
+        """The worker's reply to the call sent at `start`, or a timeout if the worker has not
+        interrupted the call GRACE seconds after its limit (a hang in C): it is then killed."""
+        while b"\n" not in self.buffer:
+            left = wall + GRACE - (time.perf_counter() - start)
+            if left <= 0:
+                self._kill()
+                return ["timeout", f"{op} took over {wall:.3g} s (the worker was restarted)"]
+            if select.select([self.proc.stdout], [], [], left)[0]:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    raise BrokenPipeError
+                self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
@@ -214,47 +225,91 @@ class Guarded:
 
 
 # ----------------------------------------------------------------------------- the worker's side
+class Overrun(BaseException):
+    """A call's time is up, raised in the worker by its timers: a BaseException, which a library's
+    `except Exception` lets through."""
+
+
+TIMER = {"armed": False, "fired": None}  # "fired": the signal that interrupted the call
+
+
+def _overrun(signum, frame):
+    if TIMER["armed"]:  # once a call: a timer that fires after it is ignored
+        TIMER.update(armed=False, fired=signum)
+        raise Overrun
+
+
+def _arm(wall, cpu):
+    TIMER["fired"] = None
+    signal.setitimer(signal.ITIMER_REAL, wall)
+    signal.setitimer(signal.ITIMER_PROF, cpu)  # 0: none
+    TIMER["armed"] = True
+
+
+def _disarm():
+    TIMER["armed"] = False
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.setitimer(signal.ITIMER_PROF, 0)
+
+
 def _serve(proto):
-    """Answer [op, arg] lines from stdin on `proto` until stdin closes."""
+    """Answer [op, arg, wall, cpu] lines from stdin on `proto` until stdin closes, each call
+    interrupted after `wall` seconds, or `cpu` seconds of CPU time (0: no such limit)."""
     env, states, players = None, {}, {}
+    signal.signal(signal.SIGALRM, _overrun)
+    signal.signal(signal.SIGPROF, _overrun)
     for line in sys.stdin.buffer:
-        op, arg = json.loads(line)
+        op, arg, wall, cpu = json.loads(line)
         try:
-            if op == "init":
-                path = arg["path"]  # "*" last: the worker's own entries follow
-                sys.path[:] = path[:-1] + sys.path if path[-1:] == ["*"] else path
-                if arg["memory_mb"] and sys.platform.startswith("linux"):
-                    import resource
-                    limit = arg["memory_mb"] << 20
-                    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-                module, name = arg["factory"].split(":")
-                env = getattr(import_source(module), name)(**arg["kwargs"])
-                result = _describe_env(env)
-            elif op == "examples":
-                result = env.examples(*arg)
-            elif op == "reset":
-                states[arg[0]], result = env.reset(arg[1])
-            elif op == "step":
-                state = states[arg[0]]
-                message = env.step(state, arg[1])
-                if message is not None:
-                    result = ["continue", message]
-                else:
-                    del states[arg[0]]
-                    result = ["done", _floats(env.rewards(state)), _floats(_metrics(env, state)),
-                              env.describe(state) if hasattr(env, "describe") else None]
-            elif op == "drop":
-                result = states.pop(arg, None) and None
-            elif op in ("player", "play"):  # "player" checks, "play" plays (also after a restart)
-                if arg[-1] not in players:
-                    players[arg[-1]] = env.scripted_player(arg[-1])
-                result = players[arg[-1]](states[arg[0]]) if op == "play" else None
+            _arm(wall, cpu)
+            try:
+                if op == "init":
+                    path = arg["path"]  # "*" last: the worker's own entries follow
+                    sys.path[:] = path[:-1] + sys.path if path[-1:] == ["*"] else path
+                    if arg["memory_mb"] and sys.platform.startswith("linux"):
+                        import resource
+                        limit = arg["memory_mb"] << 20
+                        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+                    module, name = arg["factory"].split(":")
+                    env = getattr(import_source(module), name)(**arg["kwargs"])
+                    result = _describe_env(env)
+                elif op == "examples":
+                    result = env.examples(*arg)
+                elif op == "reset":
+                    states[arg[0]], result = env.reset(arg[1])
+                elif op == "step":
+                    result = _step(env, states, *arg)
+                elif op == "drop":
+                    result = states.pop(arg, None) and None
+                elif op in ("player", "play"):  # "player" checks, "play" plays (after restarts too)
+                    if arg[-1] not in players:
+                        players[arg[-1]] = env.scripted_player(arg[-1])
+                    result = players[arg[-1]](states[arg[0]]) if op == "play" else None
+            finally:
+                _disarm()
             reply = ["ok", result]
+        except Overrun:
+            pass
         except Exception as e:  # the library raised: this call fails, the worker goes on
             kind = type(e).__name__ if type(e) in (ValueError, TypeError) else "error"
             reply = [kind, (str(e) if kind != "error" else f"{type(e).__name__}: {e}")[:2000]]
+        if TIMER["fired"]:  # also where the library caught Overrun and went on: the episode ends
+            if op in ("reset", "step", "play"):
+                states.pop(arg[0], None)
+            reply = ["timeout", f"{op} took over {wall:.3g} s" if TIMER["fired"] == signal.SIGALRM
+                     else f"{op} took over {cpu:g} s of CPU time"]
         proto.write(json.dumps(reply).encode() + b"\n")
         proto.flush()
+
+
+def _step(env, states, id, reply):
+    state = states[id]
+    message = env.step(state, reply)
+    if message is not None:
+        return ["continue", message]
+    del states[id]
+    return ["done", _floats(env.rewards(state)), _floats(_metrics(env, state)),
+            env.describe(state) if hasattr(env, "describe") else None]
 
 
 def _metrics(env, state):
@@ -279,7 +334,6 @@ def _describe_env(env):
 
 
 if __name__ == "__main__":
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it stops the worker
     proto = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_WRONLY)
