@@ -10,11 +10,23 @@ are rebuilt in it by replaying their replies (an environment must be determinist
 
     env = Guarded("env_textarena:TextArena", {"game": "Set-v0"}, timeout=30)  # load_environment()
 
+No step waits long on replies that overrun, however many: the calls of one turn (sample.rollout's
+steps of a wave's episodes, inside the optional turn() hook) share one limit; once it is spent, a
+call still gets FLOOR_CPU seconds of CPU time (and FLOOR of clock), several times what a step costs.
+So 64 replies that spin hold a step about one limit, not 64: 36 s against 44 minutes (rubiks_cube,
+`<answer>R999999</answer>`, 30 s limit, 2-core CPU). Why so: the calls take milliseconds, while a
+kill costs a worker start (1-5 s) and a replay of every live episode, hence the interrupt; the floor
+is CPU time so that a loaded machine does not cut an innocent call short. More workers were weighed
+and not chosen: each costs memory and a start, and replies that spin would share the same cores.
+Once the limit is spent, a reply that sleeps still costs FLOOR, one that hangs in C FLOOR + GRACE
+and a restart.
+
 The worker, a fresh interpreter (`python guard.py`), imports only the environment's module, never
 torch; only JSON lines cross the pipes (prints go to /dev/null). Its signal handlers, atexit hooks,
 pools and random state are its own: a library's SIGTERM handler can't change how the trainer stops
 (SIGALRM and SIGPROF are the guard's timers there).
 """
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -26,6 +38,10 @@ import sys
 import time
 
 LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment, play the probe episode
+# once its turn's limit is spent, a call may still take FLOOR seconds, and FLOOR_CPU of CPU time:
+# 7 x the slowest step measured (7 ms: 95 reasoning-gym tasks, 56 TextArena games, our Verifiers
+# test environments)
+FLOOR, FLOOR_CPU = 1.0, 0.05
 GRACE = 1.0  # seconds past its limit before a worker that has not interrupted the call is killed
 
 
@@ -48,7 +64,7 @@ class Guarded:
         self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
         self.python = python  # the worker's interpreter (None: ours): one with the library
         self.proc, self.generation, self.next_id, self.live = None, 0, 0, {}
-        self.calls, self.call_seconds = 0, 0.0
+        self.calls, self.call_seconds, self.spent = 0, 0.0, None
         info = self._start()
         self.system_prompt, self.max_turns = info["system_prompt"], info["max_turns"]
         self.reward_weights, self.tools = info["reward_weights"], info.get("tools")
@@ -99,6 +115,9 @@ class Guarded:
         if self.proc is None:
             self._start()
         start, wall, cpu = time.perf_counter(), timeout or self.timeout, 0.0
+        if self.spent:  # in a turn: what its calls before left of the limit, or the floors
+            wall -= self.spent
+            wall, cpu = (wall, 0.0) if wall > FLOOR else (FLOOR, FLOOR_CPU)
         try:
             self.proc.stdin.write(json.dumps([op, arg, wall, cpu]).encode() + b"\n")
             reply = self._reply(op, wall, start)
@@ -108,6 +127,8 @@ class Guarded:
             reply = ["crash", f"the worker died in {op} (exit code {code}; out of memory?)"]
         seconds = time.perf_counter() - start
         self.calls, self.call_seconds = self.calls + 1, self.call_seconds + seconds
+        if self.spent is not None:
+            self.spent += seconds
         return reply
 
     def _reply(self, op, wall, start):
@@ -140,15 +161,31 @@ class Guarded:
         if self.proc is None:
             self._start()
         state["generation"] = self.generation
-        kind, _ = self._call("reset", [state["id"], state["example"]])
-        for reply in state["replies"]:
-            if kind != "ok":
-                break
-            kind, value = self._call("step", [state["id"], reply])
-            kind = kind if kind != "ok" or value[0] == "continue" else "ended"
+        # these calls passed before: the full limit again, not the floors (some resets take 2 s)
+        spent, self.spent = self.spent, None
+        try:
+            kind, _ = self._call("reset", [state["id"], state["example"]])
+            for reply in state["replies"]:
+                if kind != "ok":
+                    break
+                kind, value = self._call("step", [state["id"], reply])
+                kind = kind if kind != "ok" or value[0] == "continue" else "ended"
+        finally:
+            self.spent = spent
         return kind == "ok"
 
     # ------------------------------------------------------------------------- the contract
+    @contextlib.contextmanager
+    def turn(self):
+        """sample.rollout's optional hook around a turn's steps: the calls inside share one limit
+        (`timeout`), a call gets at least the floors (steps that together take longer, legitimately,
+        need a larger `timeout`)."""
+        self.spent = 0.0
+        try:
+            yield
+        finally:
+            self.spent = None
+
     def examples(self, n, seed=0):
         kind, value = self._call("examples", [n, seed], timeout=max(self.timeout, LOAD_TIMEOUT))
         if kind != "ok":
@@ -297,7 +334,7 @@ def _serve(proto):
             if op in ("reset", "step", "play"):
                 states.pop(arg[0], None)
             reply = ["timeout", f"{op} took over {wall:.3g} s" if TIMER["fired"] == signal.SIGALRM
-                     else f"{op} took over {cpu:g} s of CPU time"]
+                     else f"{op} took over {cpu:g} s of CPU time (its turn's limit was spent)"]
         proto.write(json.dumps(reply).encode() + b"\n")
         proto.flush()
 

@@ -15,6 +15,7 @@ HFPolicy._sample: inverse-CDF with one uniform number per token, seeded by (seed
 turn), so an episode's tokens do not depend on the engine, --gen_batch or the number of ranks.
 """
 
+import contextlib
 from typing import Any, TypedDict
 
 import numpy as np
@@ -366,7 +367,8 @@ def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progres
     their episodes end: the wave bounds memory); records ordered by (example, rollout). Each turn a
     wave's unfinished episodes go to the policy at once, finished ones to on_done(record) (eval.py
     writes them as they finish); `skip`: (index, rollout) pairs already done. An environment's
-    forced_reply(state, rollout) may play a reply in the policy's place (None: the policy's)."""
+    forced_reply(state, rollout) may play a reply in the policy's place (None: the policy's); its
+    turn(), a context manager, wraps each turn's steps."""
     episodes = [new_episode(env, ex, start_index + i, r) for i, ex in enumerate(examples)
                 for r in range(group) if (start_index + i, r) not in skip]
     wave, done = getattr(policy, "batch_size", None) or max(len(episodes), 1), []
@@ -379,15 +381,16 @@ def rollout(env, examples, policy, group=1, start_index=0, on_done=None, progres
             if hasattr(env, "forced_reply"):  # an environment's exploration, in the policy's place
                 for ep in active:
                     ep["force"] = env.forced_reply(ep["state"], ep["rollout"])
-            still = []
-            for ep, reply in zip(active, policy(active)):
-                if advance(env, ep, reply):
-                    done.append(finish(env, ep))
-                    if on_done:
-                        on_done(done[-1])
-                    bar.update(1)
-                else:
-                    still.append(ep)
+            still, replies = [], policy(active)
+            with getattr(env, "turn", contextlib.nullcontext)():  # guard.py: one limit for all
+                for ep, reply in zip(active, replies):
+                    if advance(env, ep, reply):
+                        done.append(finish(env, ep))
+                        if on_done:
+                            on_done(done[-1])
+                        bar.update(1)
+                    else:
+                        still.append(ep)
             active = still
         assert not active, "environment did not end its episodes within max_turns"
     bar.close()

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from guard import GRACE, Guarded
+from guard import FLOOR_CPU, GRACE, Guarded
+from sample import rollout
 
 MISBEHAVING = textwrap.dedent('''
     import os, signal, time
@@ -18,19 +19,27 @@ MISBEHAVING = textwrap.dedent('''
         """Count to 3, one reply a turn; some replies misbehave."""
         system_prompt, max_turns, reward_weights = "Count.", 4, {"count": 1.0}
 
-        def __init__(self, start=0):
-            self.start = start
+        def __init__(self, start=0, reset_cpu=0.0):
+            self.start, self.reset_cpu = start, reset_cpu
 
         def examples(self, n, seed=0):
             return [{"seed": seed * 1000 + i} for i in range(n)]
 
         def reset(self, example):
+            begin = time.process_time()
+            while time.process_time() - begin < self.reset_cpu:  # a slow one: some tasks' take 2 s
+                pass
             return {"n": self.start, "seed": example["seed"]}, "Go."
 
         def step(self, state, reply):
             if reply == "spin":  # a runaway loop in Python: the worker interrupts it
                 while True:
                     pass
+            if reply == "slow":  # 1.5 s of CPU time, then one more: alone, within a 2 s limit
+                begin = time.process_time()
+                while time.process_time() - begin < 1.5:
+                    pass
+                reply = "one more"
             if reply == "hang":  # a hang no signal reaches (a loop in C): the worker is killed
                 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGPROF})
                 time.sleep(3600)
@@ -81,6 +90,44 @@ def test_a_misbehaving_reply_costs_its_episode_only(guarded, bad):
     assert env.step(a, "one more") == "2 so far" and env.step(a, "one more") is None
     assert env.rewards(a) == {"count": 1.0} and env.metrics(a)["error"] == 0
     assert env.restarts == (bad in ("hang", "crash"))  # interrupted, out of memory or raising: the worker goes on
+
+
+def test_a_turn_of_slow_replies_waits_about_one_limit(guarded):
+    """16 slow replies in one turn (1.5 s of CPU time each, within the 2 s limit alone) among 16
+    innocent ones: the turn's calls share one limit, so the first slow reply passes, the second
+    overruns what is left and each later one gets the floor. The rollout waits about one limit, not
+    16 x 1.5 s; each slow episode but the first scores 0 with `timeout` 1, no worker restarts."""
+    env = guarded
+
+    def policy(episodes):  # episodes 0, 2, 4, ... are slow in their first turn; the others count
+        return ["slow" if ep["index"] % 2 == 0 and len(ep["messages"]) == 2 else "one more"
+                for ep in episodes]
+    start = time.perf_counter()
+    records = rollout(env, env.examples(32), policy, progress=False)
+    seconds = time.perf_counter() - start
+    # one limit, the floor for each slow reply after it, slack for a loaded machine (one by one:
+    # 16 x 1.5 s = 24 s)
+    assert seconds < env.timeout + 16 * FLOOR_CPU + 2.0, seconds
+    for r in records:
+        cut = r["index"] % 2 == 0 and r["index"] > 0
+        assert r["reward"] == (0.0 if cut else 1.0) and r["metrics"]["timeout"] == float(cut)
+        assert r["metrics"]["error"] == float(cut)
+    assert env.restarts == 0
+
+
+def test_a_kill_late_in_a_turn_still_rebuilds_the_others(tmp_path, monkeypatch):
+    """After a reply spent its turn's limit, one that hangs where no signal reaches gets the floor and
+    the worker is killed; the others are rebuilt in the new worker with the full limit, not the
+    floor: their reset takes longer than the floor's CPU time, yet they score normally."""
+    (tmp_path / "misbehaving.py").write_text(MISBEHAVING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = Guarded("misbehaving:Env", {"reset_cpu": 1.5 * FLOOR_CPU}, timeout=1.0, memory_mb=2048)
+    replies = {0: "spin", 1: "hang"}
+    records = rollout(env, env.examples(3), lambda eps: [replies.get(ep["index"], "one more")
+                                                         for ep in eps], progress=False)
+    assert [r["metrics"]["timeout"] for r in records] == [1, 1, 0]
+    assert [r["reward"] for r in records] == [0, 0, 1] and env.restarts == 1
+    env.close()
 
 
 def test_contract_through_the_guard(guarded):
