@@ -420,4 +420,7 @@ def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
     kwargs = {"id": id, "path": os.path.abspath(path) if isinstance(path, str) else path,
               "args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
               "num_groups": num_groups}
-    return Guarded("env_verifiers:open_environment", kwargs, timeout=timeout, python=python)
+    # a v1 step runs Verifiers' chat loop, interception and scoring: up to 0.1 s of CPU here, so
+    # past its turn's spent limit a step keeps 0.25 s of CPU (guard.FLOOR_CPU fits lighter ones)
+    return Guarded("env_verifiers:open_environment", kwargs, timeout=timeout, python=python,
+                   floor_cpu=0.25)

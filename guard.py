@@ -60,8 +60,10 @@ class Guarded:
     """The environment contract (README) over a worker running FACTORY "module:callable"(**kwargs);
     `timeout`: seconds a call may take; `memory_mb`: its address-space limit (None: none)."""
 
-    def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384, python=None):
+    def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384, python=None,
+                 floor_cpu=FLOOR_CPU):
         self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
+        self.floor_cpu = floor_cpu  # FLOOR_CPU, or more for a library whose steps cost more
         self.python = python  # the worker's interpreter (None: ours): one with the library
         self.proc, self.generation, self.next_id, self.live = None, 0, 0, {}
         self.calls, self.call_seconds, self.spent = 0, 0.0, None
@@ -117,7 +119,7 @@ class Guarded:
         start, wall, cpu = time.perf_counter(), timeout or self.timeout, 0.0
         if self.spent:  # in a turn: what its calls before left of the limit, or the floors
             wall -= self.spent
-            wall, cpu = (wall, 0.0) if wall > FLOOR else (FLOOR, FLOOR_CPU)
+            wall, cpu = (wall, 0.0) if wall > FLOOR else (FLOOR, self.floor_cpu)
         try:
             self.proc.stdin.write(json.dumps([op, arg, wall, cpu]).encode() + b"\n")
             reply = self._reply(op, wall, start)
@@ -127,8 +129,8 @@ class Guarded:
             reply = ["crash", f"the worker died in {op} (exit code {code}; out of memory?)"]
         seconds = time.perf_counter() - start
         self.calls, self.call_seconds = self.calls + 1, self.call_seconds + seconds
-        if self.spent is not None:
-            self.spent += seconds
+        if self.spent is not None:  # only what passes the floor: many quick calls never spend it
+            self.spent += max(0.0, seconds - FLOOR)
         return reply
 
     def _reply(self, op, wall, start):
