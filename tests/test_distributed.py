@@ -200,7 +200,9 @@ def test_sigterm_to_torchrun_saves_the_step_in_flight_and_one_process_resumes(ti
     assert 2 <= step < 30 and [r["step"] for r in train_lines(two)] == list(range(1, step + 1))
     run(base + ["--out", one], 0, env_dir)
     run(base + ["--out", two, "--resume"], 0, env_dir)
-    assert_same_run(one, two)
+    # two ranks' gradient sums against one process's: the weights differ by rounding, up to 1.03e-5 on
+    # an AMD EPYC (its kernels round otherwise than the CPU this bound was first set on)
+    assert_same_run(one, two, atol=2e-5)
 
 
 @pytest.mark.slow

@@ -160,7 +160,7 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
                   "__all__ = ['S', 'E']\n", "2 seats"),
         "tools": ("class Tools(vf.Toolset[vf.ToolsetConfig]):\n    @vf.tool\n    def echo(self, text: str) -> str:\n"
                   "        return text\n\nclass TC(vf.TaskConfig):\n    pass\n\n"
-                  "class T2(T):\n    @classmethod\n    def toolsets(cls, config):\n        return [Tools()]\n\n"
+                  "class T2(T):\n    @classmethod\n    def toolsets(cls, config):\n        return [Tools(vf.ToolsetConfig())]\n\n"
                   "class C(vf.TasksetConfig):\n    pass\n\n" + tasks.replace("T,", "T2,").replace("[T(", "[T2(")
                   .format(prompt="'hi'") + "__all__ = ['S']\n", "tool servers"),
         "messages": ("class C(vf.TasksetConfig):\n    pass\n\n" +
@@ -176,6 +176,7 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
                       f"    said[{name!r}] = 'loaded'\nexcept ValueError as e:\n    said[{name!r}] = str(e)")
     script.append("print(json.dumps(said))")
     done = subprocess.run([python, "-c", "\n".join(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     for name, (_, why) in cases.items():
         assert why in said[name], (name, said[name])

@@ -692,8 +692,9 @@ def test_sampled_rollouts_do_not_depend_on_their_batch(sharp_model, short_env):
     assert max(held) == 5 and len(held) > short_env.max_turns, held
     for other in (in_waves, play(12, split=True)):
         assert [r["ids"] for r in other] == [r["ids"] for r in whole]
+        # the same tokens; logprobs of other batch shapes round otherwise: up to 1.14e-5 on an AMD EPYC
         torch.testing.assert_close(torch.tensor([lp for r in other for lp in r["logprobs"]]),
-                                   torch.tensor([lp for r in whole for lp in r["logprobs"]]), atol=1e-5, rtol=0)
+                                   torch.tensor([lp for r in whole for lp in r["logprobs"]]), atol=2e-5, rtol=0)
     assert [r["ids"] for r in play(12, seed=1)] != [r["ids"] for r in whole]
 
 
