@@ -68,7 +68,7 @@ class Episode:
 
     def __init__(self, task):
         self.task, self.run, self.turn, self.reply = task, None, None, None
-        self.seen, self.replies = [], 0
+        self.seen = []  # the messages Verifiers has, with our last reply: what a new turn adds to
 
 
 class VerifiersV1Env:
@@ -185,7 +185,6 @@ class VerifiersV1Env:
     def step(self, episode, reply):
         if episode.run.done():
             return None
-        episode.replies += 1
         reply = reply if isinstance(reply, str) else str(reply)
         # a text that cannot be UTF-8 (a lone surrogate) cannot cross HTTP: as a decoder writes it
         episode.reply.set_result(reply.encode("utf-8", "replace").decode("utf-8"))

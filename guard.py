@@ -129,8 +129,8 @@ class Guarded:
             reply = ["crash", f"the worker died in {op} (exit code {code}; out of memory?)"]
         seconds = time.perf_counter() - start
         self.calls, self.call_seconds = self.calls + 1, self.call_seconds + seconds
-        if self.spent is not None:  # only what passes the floor: many quick calls never spend it
-            self.spent += max(0.0, seconds - FLOOR)
+        if self.spent is not None and seconds > FLOOR:  # quick calls, however many, spend nothing
+            self.spent += seconds
         return reply
 
     def _reply(self, op, wall, start):

@@ -108,8 +108,8 @@ def test_a_turn_of_slow_replies_waits_about_one_limit(guarded):
     # one limit, the floor for each slow reply after it, slack for a loaded machine (one by one:
     # 16 x 1.5 s = 24 s)
     assert seconds < env.timeout + 16 * FLOOR_CPU + 2.0, seconds
-    for r in records:
-        cut = r["index"] % 2 == 0 and r["index"] > 0
+    for r in records[1:]:  # the first slow reply passes unless a loaded machine stretches its 1.5 s
+        cut = r["index"] % 2 == 0
         assert r["reward"] == (0.0 if cut else 1.0) and r["metrics"]["timeout"] == float(cut)
         assert r["metrics"]["error"] == float(cut)
     assert env.restarts == 0
