@@ -11,15 +11,15 @@ are rebuilt in it by replaying their replies (an environment must be determinist
     env = Guarded("env_textarena:TextArena", {"game": "Set-v0"}, timeout=30)  # load_environment()
 
 No step waits long on replies that overrun, however many: the calls of one turn (sample.rollout's
-steps of a wave's episodes, inside the optional turn() hook) share one limit; once it is spent, a
-call still gets FLOOR_CPU seconds of CPU time (and FLOOR of clock), several times what a step costs.
-So 64 replies that spin hold a step about one limit, not 64: 36 s against 44 minutes (rubiks_cube,
-`<answer>R999999</answer>`, 30 s limit, 2-core CPU). Why so: the calls take milliseconds, while a
-kill costs a worker start (1-5 s) and a replay of every live episode, hence the interrupt; the floor
-is CPU time so that a loaded machine does not cut an innocent call short. More workers were weighed
-and not chosen: each costs memory and a start, and replies that spin would share the same cores.
-Once the limit is spent, a reply that sleeps still costs FLOOR, one that hangs in C FLOOR + GRACE
-and a restart.
+steps of a wave's episodes, inside the optional turn() hook) share one limit, spent by the calls
+that take longer than FLOOR (quick ones, however many, spend nothing); once it is spent, a call
+still gets `floor_cpu` seconds of CPU time (and FLOOR of clock), several times what a step costs.
+So replies that spin hold a step about one limit, not one limit each (docs/VERIFIERS.md, "The
+guard", has the numbers). Why so: the calls take milliseconds, while a kill costs a worker start
+(1-5 s) and a replay of every live episode, hence the interrupt; the floor is CPU time so that a
+loaded machine does not cut an innocent call short. More workers were weighed and not chosen: each
+costs memory and a start, and replies that spin would share the same cores. Once the limit is
+spent, a reply that sleeps still costs FLOOR, one that hangs in C FLOOR + GRACE and a restart.
 
 The worker, a fresh interpreter (`python guard.py`), imports only the environment's module, never
 torch; only JSON lines cross the pipes (prints go to /dev/null). Its signal handlers, atexit hooks,
