@@ -68,6 +68,7 @@ class Episode:
 
     def __init__(self, task):
         self.task, self.run, self.turn, self.reply = task, None, None, None
+        self.traces = []  # its trace ids (the client's keys), dropped when it ends
         self.seen = []  # the messages Verifiers has, with our last reply: what a new turn adds to
 
 
@@ -93,7 +94,7 @@ class VerifiersV1Env:
                                for f in task.hooks("reward")}
         self.metric_names = [f.__name__ for f in task.hooks("metric")]
         self.tools = None
-        self.episodes = {}  # trace id -> Episode, for the client
+        self.episodes = {}  # trace id -> Episode, for the client (live episodes only)
         self.loop = asyncio.new_event_loop()
         import verifiers.v1.interception.server as interception
         interception.resolve_client = lambda config: _policy_client(vf, self)
@@ -174,6 +175,7 @@ class VerifiersV1Env:
 
         def minted(trace):
             self.episodes[trace.id] = episode
+            episode.traces.append(trace.id)
         episode.run = self.loop.create_task(
             self.env.run_episode(episode.task, self.ctx, on_trace=minted))
         messages = self._advance(episode)
@@ -202,6 +204,8 @@ class VerifiersV1Env:
                                                   return_when=asyncio.FIRST_COMPLETED))
         if not episode.turn.done():
             episode.run.exception()  # retrieved: an exception here is the episode's error
+            for trace_id in episode.traces:  # ended: the client needs it no more
+                self.episodes.pop(trace_id, None)
             return None
         prompt = episode.turn.result()
         new = [_plain(m) for m in prompt[len(episode.seen):]]
