@@ -88,9 +88,10 @@ def word_tokenizer(vocab_size):
 
 
 def build_model(shape, device):
-    """(model, tokenizer): random weights of `shape` in fp32 (as rl.py trains), built directly on the device."""
+    """(model, tokenizer): random weights of `shape` (a SHAPES name, or its (model_type, config kwargs)) in fp32
+    (as rl.py trains), built directly on the device."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    model_type, kw = SHAPES[shape]
+    model_type, kw = SHAPES[shape] if isinstance(shape, str) else shape
     tokenizer = word_tokenizer(kw["vocab_size"])
     config = AutoConfig.for_model(model_type, **kw, pad_token_id=tokenizer.pad_token_id,
                                   eos_token_id=tokenizer.eos_token_id, bos_token_id=None)

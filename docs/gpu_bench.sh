@@ -1,37 +1,33 @@
 #!/usr/bin/env bash
-# The GPU measurements in one call (device time is short), the most wanted first, each part with its own time limit
-# so that a call cut off keeps what ran: the engine's exactness; the standing benchmark on the three real shapes with
-# the fast engine (the update compiled: its compilation falls in each shape's warm-up step), then the same shapes
-# with generate(), the reference engine, for the README's side-by-side table; then one turn through the engine
-# against model.generate(), one rank under torchrun against plain python (needs a trained tic-tac-toe model in
-# .gpu/sft, carried: copy any sft output there), and eager decoding under the profiler.
-# The fast-engine parts took about 5 minutes on 2026-11-26; give the call the 10 minutes a command may run.
-# Logs, bench.jsonl and the two runs' metrics go to $OUT (default out/gpu).
-#   OUT=$OUT bash docs/gpu_bench.sh          # on the device machine
+# The GPU measurements in one call of under 10 minutes (device time is short), the most wanted first, each part
+# with its own time limit so that a call cut off keeps what ran:
+#   1. the standing benchmark on the three real shapes with the fast engine (the update compiled: its compilation
+#      falls in each shape's warm-up step), 2 timed steps each;
+#   2. the same shapes with generate(), the reference engine, 1 timed step each, for the README's side-by-side table;
+#   3. the GPU tests (tests/test_gpu.py: the engine's exactness on five architectures, the bf16 update, the
+#      compiled update, a 2-step rl.py).
+# Logs, bench.jsonl and the tests' report go to $OUT (default out/gpu).
+#   OUT=$OUT bash docs/gpu_bench.sh                               # on the device machine
+#   SHAPES="tiny" STEPS_HF=1 bash docs/gpu_bench.sh               # on a CPU: checks this script itself
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 O=${OUT:-out/gpu}; mkdir -p "$O"
 exec > >(tee -a "$O/log.txt") 2>&1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-b() { local t=$1; shift; echo "== bench $*"; timeout "$t" python3 bench.py --out "$O/bench.jsonl" "$@" 2>&1 | grep -v -i warn; return "${PIPESTATUS[0]}"; }
 start=$(date +%s); el() { echo "[elapsed $(( $(date +%s) - start )) s]"; }
-echo "== exact"; timeout 70 python3 docs/gpu_check.py exact 2>&1 | grep -v -i warn; el
-b 110 --shape qwen3-0.6b --grad_ckpt --engine fast; el
-b 120 --shape lfm2-2.6b --grad_ckpt --engine fast; el
-b 90 --shape qwen3-1.7b --grad_ckpt --engine fast; el
-for shape in qwen3-0.6b qwen3-1.7b lfm2-2.6b; do b 100 --shape $shape --grad_ckpt --engine hf; el; done
-echo "== generate"; timeout 150 python3 docs/gpu_check.py generate --shape qwen3-0.6b 2>&1 | grep -v -i warn; el
-if [ -f .gpu/sft/config.json ]; then  # torchrun's one rank against one process: the same RL run, one after the other
-  for launch in python3 "python3 -m torch.distributed.run --standalone --nproc_per_node 1"; do
-    name=$([ "$launch" = python3 ] && echo python || echo torchrun); echo "== rl.py under $name"
-    timeout 40 $launch rl.py --model .gpu/sft --batch 64 --group 8 --steps 6 --eval_every 0 --eval_n 2 --save_every 0 \
-      --max_new_tokens 48 --env_args '{"show_cells": true, "show_wins": true}' --out "/tmp/rl_$name" 2>&1 | grep -E "^step|^done|Error" | cut -c1-200
-    cp "/tmp/rl_$name/metrics.jsonl" "$O/rl_$name.jsonl"; el
-  done
-fi
-b 90 --shape qwen3-0.6b --grad_ckpt --eager --profile 12; el  # eager decoding, for the graphs' gain, and where time goes
+b() { local t=$1; shift; echo "== bench $*"; timeout "$t" python3 bench.py --out "$O/bench.jsonl" "$@" 2>&1 \
+  | grep -v -i "warn\|^$\|^Device\|^| shape\|^|---"; el; }
+read -r -a shapes <<< "${SHAPES:-qwen3-0.6b lfm2-2.6b qwen3-1.7b}"
+limits=(110 130 110)
+for i in "${!shapes[@]}"; do b "${limits[$i]}" --shape "${shapes[$i]}" --grad_ckpt --engine fast; done
+for shape in "${shapes[@]}"; do b 85 --shape "$shape" --grad_ckpt --engine hf --steps "${STEPS_HF:-1}"; done
 python3 - "$O/bench.jsonl" <<'PY'
 import json, sys, bench
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(bench.table(rows, rows[0]["device"] if rows else "?"))
 PY
+left=$(( 585 - $(date +%s) + start ))
+echo "== tests/test_gpu.py (${left} s left)"
+timeout "$(( left > 20 ? left : 20 ))" python3 -m pytest tests/test_gpu.py -v -p no:cacheprovider --durations 8 2>&1 \
+  | grep -v -i "warn" > "$O/test_gpu.txt"
+grep -E "PASSED|FAILED|ERROR|passed|failed|slowest|^[0-9.]+s " "$O/test_gpu.txt"; el

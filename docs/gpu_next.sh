@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The next GPU session's first call (about 8 minutes): what changed since the last GPU run, and the experiment
-# that could take Qwen3-0.6B's generation nearer its bandwidth floor. In order:
-#   1. exactness (the decoding attention is now matrix products on a GPU): graphs == eager, against a replay;
+# The experiments that could take Qwen3-0.6B's step nearer its floors, after docs/gpu_bench.sh (about 8 minutes;
+# a call cut off keeps what ran). In order:
+#   1. the standard step on Qwen3-0.6B with each experiment, to compare with gpu_bench.sh's run just before on the
+#      same machine: decoding through the compiled layers; checkpointing on every other layer only;
 #   2. one turn through the engine: eager, graphs with SDPA, graphs with matrix products, and the same with the
 #      layers compiled inside the graph (docs/gpu_check.py compile_decoding, an experiment);
-#   3. the standard step on Qwen3-0.6B as rl.py runs it, then with each experiment (same machine, one after the
-#      other, so they compare): decoding through the compiled layers; checkpointing on every other layer only.
-#   4. --fsdp under torchrun on the one GPU (NCCL, bf16 gathered weights, both engines) against no --fsdp.
+#   3. --fsdp under torchrun on the one GPU (NCCL, bf16 gathered weights, both engines) against no --fsdp.
 # Logs and bench.jsonl go to $OUT (default out/gpu).   OUT=$OUT bash docs/gpu_next.sh   # on the device machine
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 O=${OUT:-out/gpu}; mkdir -p "$O"
@@ -14,15 +13,13 @@ exec > >(tee -a "$O/log.txt") 2>&1
 start=$(date +%s); el() { echo "[elapsed $(( $(date +%s) - start )) s]"; }
 f() { grep -v -i "warn\|^|---\|^Device\|^$\|^| shape"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-echo "== exact"; timeout 80 python3 docs/gpu_check.py exact 2>&1 | grep -v -i warn | tail -12; el
-echo "== one turn"; timeout 150 python3 docs/gpu_check.py generate --engine_only 2>&1 | f | tail -5; el
-echo "== bench qwen3-0.6b"; timeout 90 python3 bench.py --out "$O/bench.jsonl" --shape qwen3-0.6b 2>&1 | f | tail -4; el
 echo "== bench qwen3-0.6b, layers compiled for decoding too (experiment)"
 timeout 150 python3 -c "import sys; sys.path.insert(0, 'docs'); import gpu_check, bench; gpu_check.compile_decoding(); bench.main()" \
   --out "$O/bench_compiled_decoding.jsonl" --shape qwen3-0.6b 2>&1 | f | tail -4; el
 echo "== bench qwen3-0.6b, every other layer checkpointed (experiment)"
 timeout 100 python3 -c "import sys; sys.path.insert(0, 'docs'); import gpu_check, bench; gpu_check.checkpoint_half(); bench.main()" \
   --out "$O/bench_checkpoint_half.jsonl" --shape qwen3-0.6b 2>&1 | f | tail -4; el
+echo "== one turn"; timeout 150 python3 docs/gpu_check.py generate --engine_only 2>&1 | f | tail -5; el
 echo "== --fsdp on one GPU (torchrun, 1 rank; NCCL, bf16 gathered weights): each engine, and without --fsdp"
 timeout 120 python3 sft.py --model scratch --n_games 200 --max_steps 200 --eval_every 0 --eval_n 10 \
   --out "$O/fsdp_sft" 2>&1 | grep "^done"
