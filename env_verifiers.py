@@ -44,7 +44,6 @@ handlers, atexit hooks and process pools stay in the guard's worker.
 import asyncio
 import contextvars
 import inspect
-import json
 import logging
 import os
 import random
@@ -53,12 +52,12 @@ import signal
 import sys
 import time
 
-from env_verifiers_v1 import DEFAULT_MAX_TURNS, VerifiersV1Env, is_v1_module, start_row
+from env_verifiers_v1 import (DEFAULT_MAX_TURNS, VerifiersV1Env, is_v1_module, parse_tool_calls,
+                              start_row)
 from guard import Guarded, import_source
 
 SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
              "`uv pip install verifiers==0.3.1`)")  # named in every error about the classic API
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # Hermes/Qwen3 text tool calls
 CURRENT = contextvars.ContextVar("episode")  # the running rollout's episode (a task copies it)
 
 
@@ -83,26 +82,6 @@ def import_verifiers(classic=True):
                else "predates the Client interface this runs on")
         raise ValueError(f"verifiers {version} {why}; this adapter runs {SUPPORTED}") from None
     return vf, Client
-
-
-def parse_tool_calls(text):
-    """(content, tool calls) of a reply: its well-formed <tool_call> blocks as
-    [{"id", "name", "arguments"}] (the arguments a JSON string), the rest of the text as the
-    content; a malformed block stays in the content."""
-    calls, kept, last = [], [], 0
-    for m in TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(m.group(1))
-            name, arguments = call["name"], call.get("arguments", {})
-            assert isinstance(name, str) and isinstance(arguments, (dict, str))
-        except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
-            continue
-        kept.append(text[last:m.start()])
-        last = m.end()
-        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        calls.append({"id": f"call_{len(calls)}", "name": name, "arguments": arguments})
-    content = ("".join(kept) + text[last:]).strip() if calls else text
-    return content, calls
 
 
 def plain(message):

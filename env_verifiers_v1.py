@@ -16,21 +16,31 @@ in-process instead of as a `uv` script: no subprocess, no network); its model ca
 interception server over loopback, which hands them to a `vf.Client` whose answer is the reply
 our policy wrote. So an episode stays suspended inside Verifiers between two of our `step` calls.
 
+Tools: a Task's or Taskset's `vf.Toolset` runs in the worker too (ToolServers: Verifiers would
+serve each as an MCP server in a process of its own); the policy is offered its tools through the
+chat template, and a reply's <tool_call> blocks become the assistant message's tool calls.
+
 Nothing is sent anywhere: the seat runs in the local `subprocess` runtime, the model is our policy
 and no result is pushed. Refused at load, with the reason: a seat pinned to another harness (`bash`
 and the coding agents run programs), to a sandbox runtime or to a model of its own, several seats,
-hosted judges, tasks in container images, task-scoped tool servers (each one a process per
-episode), and prompts that are not text with one system prompt for all tasks.
+hosted judges, tasks in container images, remote or sandboxed tool servers, and prompts that are
+not text with one system prompt for all tasks.
 """
 import asyncio
+import contextlib
+import contextvars
+import itertools
 import json
 import os
 import random
+import re
+import secrets
 import ssl
 import sys
 import time
 import types
 
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # Hermes/Qwen3 text tool calls
 HARNESS = "rlenvs_inprocess_null"  # the module name our in-process chat harness registers as
 DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of its own (both APIs)
 
@@ -40,6 +50,26 @@ def start_row(seed, n_rows, num_groups):
     num_groups: each step's examples cover the difficulty buckets as the dataset lays them out."""
     start = random.Random(f"verifiers/{seed}").randrange(n_rows)
     return start - start % num_groups
+
+
+def parse_tool_calls(text):
+    """(content, tool calls) of a reply: its well-formed <tool_call> blocks as
+    [{"id", "name", "arguments"}] (the arguments a JSON string), the rest of the text as the
+    content; a malformed block stays in the content."""
+    calls, kept, last = [], [], 0
+    for m in TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(m.group(1))
+            name, arguments = call["name"], call.get("arguments", {})
+            assert isinstance(name, str) and isinstance(arguments, (dict, str))
+        except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
+            continue
+        kept.append(text[last:m.start()])
+        last = m.end()
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        calls.append({"id": f"call_{len(calls)}", "name": name, "arguments": arguments})
+    content = ("".join(kept) + text[last:]).strip() if calls else text
+    return content, calls
 
 
 def import_v1():
@@ -93,9 +123,9 @@ class VerifiersV1Env:
         self.reward_weights = {f.__name__: float(getattr(f, "_vf_weight", 1.0))
                                for f in task.hooks("reward")}
         self.metric_names = [f.__name__ for f in task.hooks("metric")]
-        self.tools = None
         self.episodes = {}  # trace id -> Episode, for the client (live episodes only)
         self.loop = asyncio.new_event_loop()
+        self.tools = self._tool_schemas()
         import verifiers.v1.interception.server as interception
         interception.resolve_client = lambda config: _policy_client(vf, self)
         self.ctx = vf.ModelContext(model="policy", client=vf.TrainClientConfig(
@@ -139,14 +169,37 @@ class VerifiersV1Env:
                   "max_turns": seat.max_turns or max_turns}
         config = config.model_copy(update={seat_name: seat.model_copy(update=update)})
         env = vf.load_environment(config)
-        task_cls = type(env.taskset).task_type()
-        why = ("its taskset serves tool servers (a process each): not run here"
-               if type(env.taskset).toolsets(env.taskset.config) else
-               "its tasks serve tool servers (a process per episode): not run here"
-               if task_cls.toolsets(env.taskset.config.task) else None)
-        if why:
-            raise ValueError(f"{name} cannot run here: {why}")
+        for toolset in self._toolsets(env):
+            why = ("it has tool servers: they run here on verifiers 0.4"
+                   if sys.modules[HARNESS].tools is None else
+                   f"its tool server {toolset.server_name!r} is a remote one ({toolset.config.url})"
+                   if getattr(toolset.config, "url", None) else
+                   f"its tool server {toolset.server_name!r} runs in a sandbox or container"
+                   if not isinstance(toolset.config.runtime, vf.SubprocessConfig) else None)
+            if why:
+                raise ValueError(f"{name} cannot run here: {why}")
         return env
+
+    @staticmethod
+    def _toolsets(env):
+        """Instances of the env's tool servers: the Taskset's (shared) and a Task's (per episode)."""
+        config = env.taskset.config
+        return [*type(env.taskset).toolsets(config), *type(env.taskset).task_type().toolsets(config.task)]
+
+    def _tool_schemas(self):
+        """The tools' OpenAI schemas as the chat program offers them (named SERVER_TOOL), for the
+        policy's chat template; None without tools."""
+        schemas = []
+        for toolset in self._toolsets(self.env):
+            from mcp.server.mcpserver import MCPServer
+            mcp = MCPServer(toolset.server_name or type(toolset).__name__)
+            toolset.register(mcp)
+            for tool in self.loop.run_until_complete(mcp.list_tools()):
+                name = f"{toolset.server_name}_{tool.name}" if toolset.server_name else tool.name
+                schemas.append({"type": "function", "function": {
+                    "name": name, "description": tool.description or "",
+                    "parameters": tool.input_schema}})
+        return schemas or None
 
     def _check_tasks(self):
         """The tasks' one system prompt; ValueError for what the policy cannot be given."""
@@ -261,8 +314,9 @@ def _key(message):
 
 
 def _policy_client(vf, adapter):
-    """A vf.Client whose model is our policy: a request awaits the reply given to step()."""
-    from verifiers.v1.types import AssistantMessage, Response
+    """A vf.Client whose model is our policy: a request awaits the reply given to step(); where the
+    request offers tools, the reply's <tool_call> blocks become its tool calls."""
+    from verifiers.v1.types import AssistantMessage, Response, ToolCall
 
     class PolicyClient(vf.Client):
         async def get_response(self, dialect, body, sampling, session_id=None, turn=None,
@@ -271,15 +325,159 @@ def _policy_client(vf, adapter):
             episode.reply = asyncio.get_running_loop().create_future()
             episode.turn.set_result(body.get("messages") or [])
             text = await episode.reply
-            message = {"role": "assistant", "content": text}  # text: tool servers are refused
+            content, calls = parse_tool_calls(text) if body.get("tools") else (text, [])
+            message = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                    "name": c["name"], "arguments": c["arguments"]}} for c in calls]
             episode.seen = list(body.get("messages") or []) + [message]
-            created = int(time.time())
+            created, finish = int(time.time()), "tool_calls" if calls else "stop"
             raw = {"id": "policy", "object": "chat.completion", "created": created,
                    "model": "policy",
-                   "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-            return Response(id="policy", created=created, model="policy", finish_reason="stop",
-                            message=AssistantMessage(content=text), raw=raw)
+                   "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            return Response(id="policy", created=created, model="policy", finish_reason=finish,
+                            message=AssistantMessage(content=content, tool_calls=[
+                                ToolCall(**c) for c in calls] or None), raw=raw)
     return PolicyClient()
+
+
+class ToolServers:
+    """Verifiers' tool servers (vf.Toolset) served in this process. Verifiers runs each as an MCP
+    server in a process of its own (`python -m module`: one per episode for a Task's, one per run
+    for a Taskset's) that the chat program reaches over HTTP. Here `serve_tools`/`serve_shared`
+    stand in for Verifiers' own (same arguments): each server is set up as its process would set
+    it up, and its MCPServer (the one that process would serve: the Toolset's `register`) is kept
+    under a URL that the chat program's `connect`/`call` (its connect_mcp/call_mcp) look up. A
+    call runs the Toolset's own wrapper, which pulls and pushes the episode's State over the
+    interception server's /state channel as from its process; the channel is set per call."""
+
+    def __init__(self, tls):
+        """Stands in for Verifiers' serving; ImportError or AttributeError where this verifiers
+        (0.3's early v1) or its mcp serves tools otherwise."""
+        import mcp.server.mcpserver.server as mcp_server
+        import verifiers.v1.env
+        import verifiers.v1.rollout
+        from verifiers.v1.mcp import server
+        verifiers.v1.rollout.serve_tools, verifiers.v1.env.serve_shared  # noqa: B018 (both there)
+        self.tls, self.served, self.ids = tls, {}, itertools.count()
+        self.channel = contextvars.ContextVar("vf_tool_channel", default=None)
+        own = server.ServerBase._state_channel  # a process's: from its environment variables
+        server.ServerBase._state_channel = lambda toolset: self.channel.get() or own(toolset)
+        verifiers.v1.rollout.serve_tools = self.serve_tools
+        verifiers.v1.env.serve_shared = self.serve_shared
+        # an MCPServer sets up logging for its process (the root logger at INFO): in this worker
+        # it would print every loopback request
+        mcp_server.configure_logging = lambda *args, **kwargs: None
+
+    def _register(self, stack, mcp, channel):
+        url = f"http://in-process.invalid/{next(self.ids)}/mcp"
+        self.served[url] = (mcp, channel)
+        stack.callback(self.served.pop, url, None)
+        return url
+
+    @contextlib.asynccontextmanager
+    async def _running(self, toolset, state_url=None, secret=""):
+        """The toolset set up as ServerBase._serve sets it up in its process; yields its MCPServer."""
+        import httpx
+        from mcp.server.mcpserver import MCPServer
+        from verifiers import __version__
+        from verifiers.v1.mcp.server import STATE_TIMEOUT, _channel_request, _import_ref
+        async with toolset._exit_stack, httpx.AsyncClient(timeout=STATE_TIMEOUT,
+                                                          verify=self.tls) as client:
+            toolset._state_client = client
+            try:
+                await toolset.setup()
+                if state_url:  # a Task's server: the episode's task, from the /task channel
+                    task_url = state_url[:-len("/state")] + "/task"
+                    data = (await _channel_request("GET", task_url, secret, client=client)).json()
+                    await toolset.setup_task(
+                        _import_ref(data["cls"]).model_validate_json(data["task"]))
+                mcp = MCPServer(toolset.server_name or type(toolset).__name__, version=__version__)
+                toolset.register(mcp)
+                yield mcp
+            finally:
+                toolset._state_client = None
+
+    @contextlib.asynccontextmanager
+    async def serve_shared(self, toolsets, harness_is_local=True):
+        """verifiers.v1.mcp.serve_shared in this process: the Taskset's servers, once a run."""
+        from verifiers.v1.errors import ToolsetError
+        from verifiers.v1.mcp import SharedToolServer
+        from verifiers.v1.state import State
+        servers = {}
+        async with contextlib.AsyncExitStack() as stack:
+            for toolset in toolsets:
+                name = toolset.server_name
+                if name in servers:
+                    raise ToolsetError(f"duplicate shared tool server name {name!r}")
+                mcp = await stack.enter_async_context(self._running(toolset))
+                secret = secrets.token_urlsafe(24) if toolset._state_cls is not State else ""
+                servers[name] = SharedToolServer(url=self._register(stack, mcp, None),
+                                                 local=True, state_secret=secret)
+            yield servers
+
+    @contextlib.asynccontextmanager
+    async def serve_tools(self, toolsets, harness_runtime, shared=None, *, state_secret="",
+                          state_route="", state_base=None):
+        """verifiers.v1.mcp.serve_tools in this process: an episode's servers ({name: url}), the
+        shared ones with the episode's state route, a Task's set up for its task."""
+        from verifiers.v1.errors import ToolsetError
+        state_url = f"{state_base.rstrip('/')}/state" if state_base else None
+        urls = {}
+        async with contextlib.AsyncExitStack() as stack:
+            for name, server in (shared or {}).items():
+                channel = (state_url, server.state_secret, state_route) \
+                    if state_url and server.state_secret else None
+                urls[name] = self._register(stack, self.served[server.url][0], channel)
+            for toolset in toolsets:
+                name = toolset.server_name
+                if name in urls:
+                    raise ToolsetError(f"tool server name {name!r} is declared both "
+                                       "taskset-scoped (shared) and task-scoped")
+                mcp = await stack.enter_async_context(
+                    self._running(toolset, state_url, state_secret))
+                urls[name] = self._register(stack, mcp, (state_url, state_secret, None)
+                                            if state_url else None)
+            yield urls
+
+    async def _in_channel(self, served, operation):
+        mcp, channel = served
+        token = self.channel.set(channel)
+        try:
+            return await operation(mcp)
+        finally:
+            self.channel.reset(token)
+
+    async def connect(self, config, stack, reserved=None):
+        """The chat program's connect_mcp: (tool schemas, name -> (server, tool), servers)."""
+        schemas, dispatch, servers = [], {}, {}
+        for name, spec in config.get("mcpServers", {}).items():
+            servers[name] = self.served[spec["url"]]
+            for tool in await self._in_channel(servers[name], lambda mcp: mcp.list_tools()):
+                full = f"{name}_{tool.name}" if name else tool.name
+                if full in (reserved or set()) or full in dispatch:
+                    raise ValueError(f"duplicate tool name {full!r}; keep MCP tool names qualified")
+                schemas.append({"type": "function", "function": {
+                    "name": full, "description": tool.description or "",
+                    "parameters": tool.input_schema}})
+                dispatch[full] = (name, tool.name)
+        return schemas, dispatch, servers
+
+    async def call(self, servers, dispatch, name, arguments, to_chat):
+        """The chat program's call_mcp: a tool that raises answers with its error, as MCPServer's
+        request handler answers it (is_error); the protocol's own errors propagate. The time a
+        call may take is the guard's limit on its turn."""
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CallToolResult, TextContent
+        server, raw = dispatch[name]
+        try:
+            result = await self._in_channel(servers[server],
+                                            lambda mcp: mcp.call_tool(raw, arguments))
+        except MCPError:
+            raise
+        except Exception as e:
+            result = CallToolResult(content=[TextContent(type="text", text=str(e))], is_error=True)
+        return to_chat(result.content)
 
 
 def _register_harness(vf):
@@ -295,9 +493,21 @@ def _register_harness(vf):
     exec(compile(source, "<verifiers chat program>", "exec"), program)
     # 0.4's model client loads the CA bundle anew each launch (about 0.1 s: most of an episode's
     # cost), for a loopback endpoint that never uses TLS: one context serves every launch.
+    tls = ssl.create_default_context()
     if "DefaultAsyncHttpxClient" in program:
-        new_client, tls = program["DefaultAsyncHttpxClient"], ssl.create_default_context()
+        new_client = program["DefaultAsyncHttpxClient"]
         program["DefaultAsyncHttpxClient"] = lambda **kw: new_client(**{**kw, "verify": tls})
+    try:  # 0.4: tool servers served here; 0.3's early v1: refused at load
+        tools = ToolServers(tls) if "connect_mcp" in program else None
+    except (ImportError, AttributeError):
+        tools = None
+    if tools:
+        program["connect_mcp"] = tools.connect
+
+        async def call_mcp(servers, dispatch, name, arguments):
+            return await tools.call(servers, dispatch, name, arguments,
+                                    program["mcp_content_to_chat_content"])
+        program["call_mcp"] = call_mcp
 
     class InProcessNull(NullHarness):
         async def setup(self, runtime):
@@ -310,6 +520,10 @@ def _register_harness(vf):
                     f"--model={ctx.model}"]
             if tool_interception_url:
                 argv.append(f"--tool-interception-url={tool_interception_url}")
+            if mcp_urls:  # the in-process servers' URLs (ToolServers)
+                argv.append("--mcp-config=" + json.dumps({"mcpServers": {
+                    name: {"url": url, "timeout": self.config.tool_timeout}
+                    for name, url in mcp_urls.items()}}))
             if system:
                 argv.append(f"--system-prompt={system}")
             if isinstance(prompt, str):
@@ -330,4 +544,5 @@ def _register_harness(vf):
 
     module = types.ModuleType(HARNESS)
     module.InProcessNull, module.__all__ = InProcessNull, ["InProcessNull"]
+    module.program, module.tools = program, tools  # the chat program's namespace, its tool servers
     sys.modules[HARNESS] = module

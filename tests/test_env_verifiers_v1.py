@@ -5,7 +5,6 @@ its own, made here with uv (about 10 s the first time, then reused: .venv-vf04).
 junk replies, what is refused and why, and rl.py / eval.py on a single-turn and a multi-turn environment."""
 import difflib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ VENV = ROOT / ".venv-vf04"
 PYTHON = VENV / "bin" / "python"
 REVERSE = str(ROOT / "docs" / "vf_v1_reverse.py")
 GUESS = str(ROOT / "tests" / "vf_v1" / "v1_guess.py")
+CALC = str(ROOT / "tests" / "vf_v1" / "v1_calc.py")
 
 
 def has_verifiers_04():
@@ -48,6 +48,13 @@ def reverse(python):
 @pytest.fixture(scope="module")
 def guess(python):
     env = ev.load_environment(path=GUESS, python=python, timeout=60)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def calc(python):
+    env = ev.load_environment(path=CALC, python=python, timeout=60)
     yield env
     env.close()
 
@@ -129,6 +136,61 @@ def test_multi_turn_plays_the_env_until_its_stop_or_the_turn_limit(guess):
     assert total_reward(guess, rewards) == pytest.approx(-0.5) == verifiers_reward(description)
 
 
+def call(expression, name="calculator_evaluate"):
+    return f'<tool_call>{{"name": "{name}", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+
+
+def calc_episodes(env):
+    """Scripted episodes of v1_calc, two at a time (interleaved): [(replies, what Verifiers said, rewards, metrics)]
+    and what the file's rule gives: correct answer, the number of the tool's successful calls."""
+    played, rule = [], []
+    for row in range(0, 6, 2):
+        states = [env.reset({"seed": 0, "row": r}) for r in (row, row + 1)]
+        for r, (state, first) in zip((row, row + 1), states):
+            expression, value = first.removeprefix("Compute ").removesuffix("."), v1_calc_value(first)
+            replies = [[call(expression), f"<answer>{value}</answer>"],
+                       [call("2**99") + " " + call("1+1", "nope"), f"<answer>{value + 1}</answer>"],
+                       ['<tool_call>{"name": "calculator_evaluate", "arguments": "1+1"}</tool_call>', "<answer>2</answer>"],
+                       [call("1") + call(expression), "<answer>" + str(value) + "</answer>"],
+                       ["<tool_call>{bad json</tool_call> <answer>3</answer>"],
+                       [call("7*6"), call(expression), f"so <answer>{value}</answer>"]][r]
+            said = [env.step(state, reply) for reply in replies]
+            played.append((replies, [first] + said, env.rewards(state), env.metrics(state)))
+            calls = {0: 1, 1: 0, 2: 0, 3: 2, 4: 0, 5: 2}[r]
+            rule.append(({"correct": float(r in (0, 3, 5)), "tool_calls": float(calls)}, calls))
+    return played, rule
+
+
+def v1_calc_value(text):
+    """The value of v1_calc's "Compute A * B - C."."""
+    a, b, c = map(int, re.findall(r"\d+", text))
+    return a * b - c
+
+
+def test_tools_run_in_the_worker_with_verifiers_own_state_and_rewards(calc):
+    """A Task's Toolset (tests/vf_v1/v1_calc.py: a server per episode in Verifiers, here in the worker) is offered
+    to the policy as Verifiers' chat program offers it; a reply's <tool_call> blocks call it and each result is a
+    tool message; a tool that raises answers with its error, an unknown tool or bad arguments as the chat program
+    answers them, a malformed block stays text; the tool's writes to the episode's State reach the Task's reward
+    and metric through Verifiers' state channel. Rewards are the file's rule, and Verifiers' own total."""
+    assert calc.tools == [{"type": "function", "function": {
+        "name": "calculator_evaluate", "description": "Evaluate an arithmetic expression of integers with +, - and *.",
+        "parameters": {"properties": {"expression": {"title": "Expression", "type": "string"}},
+                       "required": ["expression"], "title": "evaluateArguments", "type": "object"}}}]
+    assert calc.reward_weights == {"correct": 1.0, "tool_calls": -0.05}
+    played, rule = calc_episodes(calc)
+    for (replies, said, rewards, metrics), (want, calls) in zip(played, rule):
+        assert rewards == want and metrics == {"n_calls": calls, "cut_off": 0, "error": 0, "timeout": 0}, replies
+        assert said[-1] is None and all(isinstance(m, list) and {x["role"] for x in m} == {"tool"} for m in said[1:-1])
+    (_, said0, _, _), (_, said1, _, _), (_, said2, _, _) = played[:3]
+    assert said0[1] == [{"role": "tool", "content": str(v1_calc_value(said0[0]))}]
+    assert said1[1] == [{"role": "tool", "content": "Error executing tool evaluate: only integers of at most 6 digits, "
+                                                    "+, - and * are allowed"},
+                        {"role": "tool", "content": "error: unknown tool 'nope'"}]
+    assert said2[1][0]["content"].startswith("error: invalid JSON in tool arguments")
+    assert played[4][1][1:] == [None]  # the malformed block is text: the episode's answer
+
+
 JUNK = ["", " ", "\x00\x01", "<answer>", "</answer><answer>", "<answer>" * 1000, "9" * 5000, "-" * 100_000,
         "🙂" * 300, '<tool_call>{"name": "x", "arguments": {}}</tool_call>', "<tool_call>{bad json</tool_call>",
         "\ud800", "null", "{}", "[]", "\n" * 500, "<|im_end|>", "{{ system }}", "%s %d", "Higher."]
@@ -144,10 +206,15 @@ def test_junk_replies_never_raise_and_score_as_replies(reverse, guess):
 
 def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
     """Each a v1 environment a user may bring: refused at load by what it would need, in one worker-free process
-    (the venv's python imports env_verifiers directly)."""
+    (the venv's python imports env_verifiers directly); there too, a Taskset's shared tool server."""
     head = "import verifiers.v1 as vf\n\nclass D(vf.TaskData):\n    pass\n\n"
     task = "class T(vf.Task[D]):\n    @vf.reward\n    async def r(self, trace) -> float:\n        return 1.0\n\n"
     tasks = "class S(vf.Taskset[T, C]):\n    def load(self):\n        return [T(D(prompt={prompt}))]\n\n"
+    tools = ("class Tools(vf.Toolset[vf.ToolsetConfig]):\n    @vf.tool\n    def echo(self, text: str) -> str:\n"
+             "        return text\n\nclass T2(T):\n    @classmethod\n    def toolsets(cls, config):\n"
+             "        return [Tools({config})]\n\n")
+    with_tools = ("class C(vf.TasksetConfig):\n    pass\n\n" +
+                        tasks.replace("T,", "T2,").replace("[T(", "[T2(").format(prompt="'hi'") + "__all__ = ['S']\n")
     cases = {
         "bash": ("class C(vf.TasksetConfig):\n    pass\n\n" + tasks.format(prompt="'hi'") +
                  "class EC(vf.EnvConfig):\n    agent: vf.AgentConfig = vf.AgentConfig(harness={'id': 'bash'})\n\n"
@@ -158,11 +225,10 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
                   "    b: vf.AgentConfig = vf.AgentConfig()\n\n"
                   "class E(vf.Env[EC]):\n    async def run(self, task, agents):\n        await agents.a.run(task)\n\n"
                   "__all__ = ['S', 'E']\n", "2 seats"),
-        "tools": ("class Tools(vf.Toolset[vf.ToolsetConfig]):\n    @vf.tool\n    def echo(self, text: str) -> str:\n"
-                  "        return text\n\nclass TC(vf.TaskConfig):\n    pass\n\n"
-                  "class T2(T):\n    @classmethod\n    def toolsets(cls, config):\n        return [Tools(vf.ToolsetConfig())]\n\n"
-                  "class C(vf.TasksetConfig):\n    pass\n\n" + tasks.replace("T,", "T2,").replace("[T(", "[T2(")
-                  .format(prompt="'hi'") + "__all__ = ['S']\n", "tool servers"),
+        "remote_tools": (tools.format(config="vf.ToolsetConfig(url='http://tools.invalid/mcp')") + with_tools,
+                         "is a remote one (http://tools.invalid/mcp)"),
+        "sandboxed_tools": (tools.format(config="vf.ToolsetConfig(runtime=vf.DockerConfig())") + with_tools,
+                            "runs in a sandbox or container"),
         "messages": ("class C(vf.TasksetConfig):\n    pass\n\n" +
                      tasks.format(prompt="[vf.UserMessage(content='hi')]") + "__all__ = ['S']\n", "not text"),
         "setting": ("class C(vf.TasksetConfig):\n    pass\n\n" + tasks.format(prompt="'hi'") + "__all__ = ['S']\n",
@@ -174,18 +240,24 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
         args = {"no_such_setting": 1} if name == "setting" else None
         script.append(f"try:\n    ev.open_environment(path={str(tmp_path / f'refused_{name}.py')!r}, args={args!r})\n"
                       f"    said[{name!r}] = 'loaded'\nexcept ValueError as e:\n    said[{name!r}] = str(e)")
+    # a Taskset's Toolset: one server for the run, each episode's State its own (two episodes interleaved)
+    script.append(f"env = ev.open_environment(path={CALC!r}, args={{'task': {{'shared': True}}}})\n"
+                  "a, b = (env.reset({'seed': 0, 'row': row})[0] for row in (0, 1))\n"
+                  f"env.step(a, {call('1+1') * 2!r}); env.step(b, {call('2')!r}); env.step(a, 'done'); env.step(b, 'done')\n"
+                  "said['shared'] = [env.metrics(a)['n_calls'], env.metrics(b)['n_calls']]")
     script.append("print(json.dumps(said))")
     done = subprocess.run([python, "-c", "\n".join(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     for name, (_, why) in cases.items():
         assert why in said[name], (name, said[name])
+    assert said["shared"] == [2.0, 1.0]
 
 
 def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, torch_single_thread, reverse):
-    """rl.py 2 steps on each (its last step evaluates); eval.py on each: its episodes are the rows our own
+    """rl.py 2 steps on each (single-turn, multi-turn, a tool; its last step evaluates); eval.py on each: its episodes are the rows our own
     instance deals for the same seed (the same tasks in every process)."""
-    for name, path in (("reverse", REVERSE), ("guess", GUESS)):
+    for name, path in (("reverse", REVERSE), ("guess", GUESS), ("calc", CALC)):
         env_args = json.dumps({"path": path, "python": python})
         out = run_main("rl", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "--batch", "4",
                               "--group", "2", "--steps", "2", "--max_new_tokens", "8", "--eval_every", "0",
@@ -193,7 +265,7 @@ def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, to
         assert "step 2 |" in out and "step 2 | eval_" in out
         out = run_main("eval", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "-n", "3",
                                 "--max_new_tokens", "8", "--seed", "5", "--out", str(tmp_path / name / "eval")])
-        assert "error_rate" in out and "reward" in out and ("mean_reply_chars" in out or "mean_guesses" in out)
+        assert "error_rate" in out and "reward" in out and any(f"mean_{m}" in out for m in ("reply_chars", "guesses", "calls"))
     episodes = [json.loads(line) for line in open(next((tmp_path / "reverse" / "eval").rglob("*.jsonl")))]
     firsts = sorted(e["messages"][1]["content"] for e in episodes if "messages" in e)
     ours = sorted(reverse.reset(ex)[1] for ex in reverse.examples(3, seed=5))
