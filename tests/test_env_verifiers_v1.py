@@ -141,7 +141,8 @@ def call(expression, name="calculator_evaluate"):
 
 
 def calc_episodes(env):
-    """Scripted episodes of v1_calc, two at a time (interleaved): [(replies, what Verifiers said, rewards, metrics)]
+    """Scripted episodes of v1_calc, two at a time (interleaved): [(replies, what Verifiers said, rewards, metrics,
+    its description)]
     and what the file's rule gives: correct answer, the number of the tool's successful calls."""
     played, rule = [], []
     for row in range(0, 6, 2):
@@ -155,7 +156,7 @@ def calc_episodes(env):
                        ["<tool_call>{bad json</tool_call> <answer>3</answer>"],
                        [call("7*6"), call(expression), f"so <answer>{value}</answer>"]][r]
             said = [env.step(state, reply) for reply in replies]
-            played.append((replies, [first] + said, env.rewards(state), env.metrics(state)))
+            played.append((replies, [first] + said, env.rewards(state), env.metrics(state), env.describe(state)))
             calls = {0: 1, 1: 0, 2: 0, 3: 2, 4: 0, 5: 2}[r]
             rule.append(({"correct": float(r in (0, 3, 5)), "tool_calls": float(calls)}, calls))
     return played, rule
@@ -179,10 +180,11 @@ def test_tools_run_in_the_worker_with_verifiers_own_state_and_rewards(calc):
                        "required": ["expression"], "title": "evaluateArguments", "type": "object"}}}]
     assert calc.reward_weights == {"correct": 1.0, "tool_calls": -0.05}
     played, rule = calc_episodes(calc)
-    for (replies, said, rewards, metrics), (want, calls) in zip(played, rule):
+    for (replies, said, rewards, metrics, description), (want, calls) in zip(played, rule):
         assert rewards == want and metrics == {"n_calls": calls, "cut_off": 0, "error": 0, "timeout": 0}, replies
+        assert total_reward(calc, rewards) == pytest.approx(verifiers_reward(description))
         assert said[-1] is None and all(isinstance(m, list) and {x["role"] for x in m} == {"tool"} for m in said[1:-1])
-    (_, said0, _, _), (_, said1, _, _), (_, said2, _, _) = played[:3]
+    (_, said0, *_), (_, said1, *_), (_, said2, *_) = played[:3]
     assert said0[1] == [{"role": "tool", "content": str(v1_calc_value(said0[0]))}]
     assert said1[1] == [{"role": "tool", "content": "Error executing tool evaluate: only integers of at most 6 digits, "
                                                     "+, - and * are allowed"},

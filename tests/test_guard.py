@@ -40,6 +40,11 @@ MISBEHAVING = textwrap.dedent('''
                 while time.process_time() - begin < 1.5:
                     pass
                 reply = "one more"
+            if reply == "quick":  # 0.1 s of CPU time: over the CPU floor, well under FLOOR
+                begin = time.process_time()
+                while time.process_time() - begin < 0.1:
+                    pass
+                reply = "one more"
             if reply == "hang":  # a hang no signal reaches (a loop in C): the worker is killed
                 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGPROF})
                 time.sleep(3600)
@@ -112,6 +117,21 @@ def test_a_turn_of_slow_replies_waits_about_one_limit(guarded):
         cut = r["index"] % 2 == 0
         assert r["reward"] == (0.0 if cut else 1.0) and r["metrics"]["timeout"] == float(cut)
         assert r["metrics"]["error"] == float(cut)
+    assert env.restarts == 0
+
+
+def test_quick_calls_however_many_never_spend_a_turns_limit(guarded):
+    """32 replies of 0.1 s of CPU time each in one turn (3.2 s in all, over the 2 s limit; each over
+    the CPU floor a call keeps once its turn's limit is spent): a call spends the limit only when it
+    takes longer than FLOOR, so none is cut (a teacher's thousands of quick calls in one wave)."""
+    env = guarded
+
+    def policy(episodes):  # every episode's first reply is a quick one
+        return ["quick" if len(ep["messages"]) == 2 else "one more" for ep in episodes]
+    start = time.perf_counter()
+    records = rollout(env, env.examples(32), policy, progress=False)
+    assert time.perf_counter() - start > env.timeout  # the turn's calls together outlast the limit
+    assert all(r["reward"] == 1.0 and r["metrics"]["timeout"] == 0 for r in records)
     assert env.restarts == 0
 
 
