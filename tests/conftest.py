@@ -68,8 +68,8 @@ def pytest_configure(config):
 
 
 # the longest test files first: on two processes (-n 2 --dist loadfile), one left for the end keeps the other idle
-LONGEST_FIRST = ["test_speedrun.py", "test_engine.py", "test_env_verifiers.py", "test_distributed.py", "test_rl.py",
-                 "test_guard.py", "test_sft.py"]
+LONGEST_FIRST = ["test_speedrun.py", "test_env_verifiers_v1.py", "test_engine.py", "test_env_verifiers.py",
+                 "test_distributed.py", "test_rl.py", "test_guard.py", "test_sft.py"]
 
 
 def pytest_collection_modifyitems(config, items):
