@@ -182,9 +182,9 @@ class VerifiersV1Env:
 
     @staticmethod
     def _toolsets(env):
-        """Instances of the env's tool servers: the Taskset's (shared) and a Task's (per episode)."""
-        config = env.taskset.config
-        return [*type(env.taskset).toolsets(config), *type(env.taskset).task_type().toolsets(config.task)]
+        """Instances of the env's tool servers: the Taskset's (shared), a Task's (per episode)."""
+        taskset, config = type(env.taskset), env.taskset.config
+        return [*taskset.toolsets(config), *taskset.task_type().toolsets(config.task)]
 
     def _tool_schemas(self):
         """The tools' OpenAI schemas as the chat program offers them (named SERVER_TOOL), for the
@@ -377,7 +377,8 @@ class ToolServers:
 
     @contextlib.asynccontextmanager
     async def _running(self, toolset, state_url=None, secret=""):
-        """The toolset set up as ServerBase._serve sets it up in its process; yields its MCPServer."""
+        """The toolset set up as ServerBase._serve sets it up in its process; yields its
+        MCPServer."""
         import httpx
         from mcp.server.mcpserver import MCPServer
         from verifiers import __version__

@@ -151,7 +151,8 @@ def calc_episodes(env):
             expression, value = first.removeprefix("Compute ").removesuffix("."), v1_calc_value(first)
             replies = [[call(expression), f"<answer>{value}</answer>"],
                        [call("2**99") + " " + call("1+1", "nope"), f"<answer>{value + 1}</answer>"],
-                       ['<tool_call>{"name": "calculator_evaluate", "arguments": "1+1"}</tool_call>', "<answer>2</answer>"],
+                       ['<tool_call>{"name": "calculator_evaluate", "arguments": "1+1"}</tool_call>',
+                        "<answer>2</answer>"],
                        [call("1") + call(expression), "<answer>" + str(value) + "</answer>"],
                        ["<tool_call>{bad json</tool_call> <answer>3</answer>"],
                        [call("7*6"), call(expression), f"so <answer>{value}</answer>"]][r]
@@ -245,7 +246,8 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
     # a Taskset's Toolset: one server for the run, each episode's State its own (two episodes interleaved)
     script.append(f"env = ev.open_environment(path={CALC!r}, args={{'task': {{'shared': True}}}})\n"
                   "a, b = (env.reset({'seed': 0, 'row': row})[0] for row in (0, 1))\n"
-                  f"env.step(a, {call('1+1') * 2!r}); env.step(b, {call('2')!r}); env.step(a, 'done'); env.step(b, 'done')\n"
+                  f"env.step(a, {call('1+1') * 2!r}); env.step(b, {call('2')!r})\n"
+                  "env.step(a, 'done'); env.step(b, 'done')\n"
                   "said['shared'] = [env.metrics(a)['n_calls'], env.metrics(b)['n_calls']]")
     script.append("print(json.dumps(said))")
     done = subprocess.run([python, "-c", "\n".join(script)], capture_output=True, text=True, timeout=300)
@@ -257,8 +259,8 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
 
 
 def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, torch_single_thread, reverse):
-    """rl.py 2 steps on each (single-turn, multi-turn, a tool; its last step evaluates); eval.py on each: its episodes are the rows our own
-    instance deals for the same seed (the same tasks in every process)."""
+    """rl.py 2 steps on each (single-turn, multi-turn, a tool; its last step evaluates); eval.py on each: its
+    episodes are the rows our own instance deals for the same seed (the same tasks in every process)."""
     for name, path in (("reverse", REVERSE), ("guess", GUESS), ("calc", CALC)):
         env_args = json.dumps({"path": path, "python": python})
         out = run_main("rl", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "--batch", "4",
@@ -267,7 +269,8 @@ def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, to
         assert "step 2 |" in out and "step 2 | eval_" in out
         out = run_main("eval", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "-n", "3",
                                 "--max_new_tokens", "8", "--seed", "5", "--out", str(tmp_path / name / "eval")])
-        assert "error_rate" in out and "reward" in out and any(f"mean_{m}" in out for m in ("reply_chars", "guesses", "calls"))
+        assert "error_rate" in out and "reward" in out
+        assert any(f"mean_{m}" in out for m in ("reply_chars", "guesses", "calls"))
     episodes = [json.loads(line) for line in open(next((tmp_path / "reverse" / "eval").rglob("*.jsonl")))]
     firsts = sorted(e["messages"][1]["content"] for e in episodes if "messages" in e)
     ours = sorted(reverse.reset(ex)[1] for ex in reverse.examples(3, seed=5))

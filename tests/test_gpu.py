@@ -171,9 +171,9 @@ def load_environment():
 
 def test_rl_two_steps(tmp_path, monkeypatch):
     """rl.py on the GPU for two steps, as a user runs it on a big model: a Qwen3-architecture model saved like a
-    hub model, on bench.py's environment of varying rewards; the size threshold lowered so that checkpointing and the compiled update are on. Each step's
-    trainer logprobs are the sampler's within bf16's rounding (both under autocast), the loss finite, the
-    weights moved, and the checkpoint loads back."""
+    hub model, on bench.py's environment of varying rewards; the size threshold lowered so that checkpointing and
+    the compiled update are on. Each step's trainer logprobs are the sampler's within bf16's rounding (both under
+    autocast), the loss finite, the weights moved, and the checkpoint loads back."""
     model, tok = bench.build_model(ARCHS["qwen3"], "cpu")
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
