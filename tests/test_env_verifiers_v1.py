@@ -199,10 +199,12 @@ JUNK = ["", " ", "\x00\x01", "<answer>", "</answer><answer>", "<answer>" * 1000,
         "\ud800", "null", "{}", "[]", "\n" * 500, "<|im_end|>", "{{ system }}", "%s %d", "Higher."]
 
 
-def test_junk_replies_never_raise_and_score_as_replies(reverse, guess):
-    for env in (reverse, guess):
-        for i, reply in enumerate(JUNK):
-            rewards, metrics, description, said = play(env, i % 8, [reply] * 6)
+def test_junk_replies_never_raise_and_score_as_replies(reverse, guess, calc):
+    """Junk as replies, and on the tool environment as tool calls too (three, then an answer)."""
+    junk_calls = [call(reply) for reply in JUNK[:6]] + [call("1", name="calculator_" + "x" * 5000)]
+    for env in (reverse, guess, calc):
+        for i, reply in enumerate(JUNK + (junk_calls if env is calc else [])):
+            rewards, metrics, description, said = play(env, i % 8, [reply] * 3 + ["<answer>1</answer>"] * 3)
             assert said[-1] is None and metrics["error"] == 0, description
             assert set(rewards) == set(env.reward_weights)
 
