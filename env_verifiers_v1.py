@@ -189,16 +189,9 @@ class VerifiersV1Env:
     def _tool_schemas(self):
         """The tools' OpenAI schemas as the chat program offers them (named SERVER_TOOL), for the
         policy's chat template; None without tools."""
-        schemas = []
-        for toolset in self._toolsets(self.env):
-            from mcp.server.mcpserver import MCPServer
-            mcp = MCPServer(toolset.server_name or type(toolset).__name__)
-            toolset.register(mcp)
-            for tool in self.loop.run_until_complete(mcp.list_tools()):
-                name = f"{toolset.server_name}_{tool.name}" if toolset.server_name else tool.name
-                schemas.append({"type": "function", "function": {
-                    "name": name, "description": tool.description or "",
-                    "parameters": tool.input_schema}})
+        schemas = [_tool_schema(toolset.server_name, tool)[1]
+                   for toolset in self._toolsets(self.env)
+                   for tool in self.loop.run_until_complete(_mcp_server(toolset).list_tools())]
         return schemas or None
 
     def _check_tasks(self):
@@ -341,6 +334,22 @@ def _policy_client(vf, adapter):
     return PolicyClient()
 
 
+def _mcp_server(toolset):
+    """The MCPServer a toolset's own process serves: its tools, as its `register` adds them."""
+    from mcp.server.mcpserver import MCPServer
+    from verifiers import __version__
+    mcp = MCPServer(toolset.server_name or type(toolset).__name__, version=__version__)
+    toolset.register(mcp)
+    return mcp
+
+
+def _tool_schema(server_name, tool):
+    """(a server's tool's name as the chat program qualifies it, its OpenAI function schema)."""
+    name = f"{server_name}_{tool.name}" if server_name else tool.name
+    return name, {"type": "function", "function": {
+        "name": name, "description": tool.description or "", "parameters": tool.input_schema}}
+
+
 class ToolServers:
     """Verifiers' tool servers (vf.Toolset) served in this process. Verifiers runs each as an MCP
     server in a process of its own (`python -m module`: one per episode for a Task's, one per run
@@ -380,8 +389,6 @@ class ToolServers:
         """The toolset set up as ServerBase._serve sets it up in its process; yields its
         MCPServer."""
         import httpx
-        from mcp.server.mcpserver import MCPServer
-        from verifiers import __version__
         from verifiers.v1.mcp.server import STATE_TIMEOUT, _channel_request, _import_ref
         async with toolset._exit_stack, httpx.AsyncClient(timeout=STATE_TIMEOUT,
                                                           verify=self.tls) as client:
@@ -393,9 +400,7 @@ class ToolServers:
                     data = (await _channel_request("GET", task_url, secret, client=client)).json()
                     await toolset.setup_task(
                         _import_ref(data["cls"]).model_validate_json(data["task"]))
-                mcp = MCPServer(toolset.server_name or type(toolset).__name__, version=__version__)
-                toolset.register(mcp)
-                yield mcp
+                yield _mcp_server(toolset)
             finally:
                 toolset._state_client = None
 
@@ -455,12 +460,10 @@ class ToolServers:
         for name, spec in config.get("mcpServers", {}).items():
             servers[name] = self.served[spec["url"]]
             for tool in await self._in_channel(servers[name], lambda mcp: mcp.list_tools()):
-                full = f"{name}_{tool.name}" if name else tool.name
+                full, schema = _tool_schema(name, tool)
                 if full in (reserved or set()) or full in dispatch:
                     raise ValueError(f"duplicate tool name {full!r}; keep MCP tool names qualified")
-                schemas.append({"type": "function", "function": {
-                    "name": full, "description": tool.description or "",
-                    "parameters": tool.input_schema}})
+                schemas.append(schema)
                 dispatch[full] = (name, tool.name)
         return schemas, dispatch, servers
 
