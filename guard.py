@@ -21,10 +21,13 @@ loaded machine does not cut an innocent call short. More workers were weighed an
 costs memory and a start, and replies that spin would share the same cores. Once the limit is
 spent, a reply that sleeps still costs FLOOR, one that hangs in C FLOOR + GRACE and a restart.
 
-The worker, a fresh interpreter (`python guard.py`), imports only the environment's module, never
-torch; only JSON lines cross the pipes (prints go to /dev/null). Its signal handlers, atexit hooks,
-pools and random state are its own: a library's SIGTERM handler can't change how the trainer stops
-(SIGALRM and SIGPROF are the guard's timers there).
+The worker imports only the environment's module, never torch; only JSON lines cross the pipes
+(prints go to /dev/null). Its signal handlers, atexit hooks, pools and random state are its own: a
+library's SIGTERM handler can't change how the trainer stops (SIGALRM and SIGPROF are the guard's
+timers there). It is forked from a zygote (`python guard.py --zygote`), a fresh interpreter that
+imported the environment's library once (`preload`), so that a worker killed for a hang is back
+in milliseconds, not in the library's import time (verifiers.v1: seconds to tens of seconds). One
+zygote serves every guard of the process with the same interpreter, path and library.
 """
 import contextlib
 import importlib
@@ -33,8 +36,10 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 LOAD_TIMEOUT = 300.0  # seconds to import the module, build the environment, play the probe episode
@@ -61,8 +66,11 @@ class Guarded:
     `timeout`: seconds a call may take; `memory_mb`: its address-space limit (None: none)."""
 
     def __init__(self, factory, kwargs, timeout=30.0, memory_mb=16384, python=None,
-                 floor_cpu=FLOOR_CPU):
+                 floor_cpu=FLOOR_CPU, preload=()):
         self.factory, self.kwargs, self.timeout, self.memory_mb = factory, kwargs, timeout, memory_mb
+        # the zygote imports these and the factory's module once; the worker forked from it, each
+        # start (a missing one is the worker's to report, with its own error)
+        self.preload = (factory.split(":")[0], *preload)
         self.floor_cpu = floor_cpu  # FLOOR_CPU, or more for a library whose steps cost more
         self.python = python  # the worker's interpreter (None: ours): one with the library
         self.proc, self.generation, self.next_id, self.live = None, 0, 0, {}
@@ -75,14 +83,13 @@ class Guarded:
 
     # ------------------------------------------------------------------------- the worker
     def _start(self):
-        # its stderr is the run's: warnings and tracebacks show, the datasets progress bars do not
-        quiet = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-        self.proc = subprocess.Popen([self.python or sys.executable, os.path.abspath(__file__)],
-                                     env=quiet,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        python, path = self.python or sys.executable, self._worker_path()
+        self.proc = Zygote.shared(python, path, self.preload).fork()
         self.buffer, self.generation = b"", self.generation + 1
+        # its stderr is the run's: warnings and tracebacks show, the datasets progress bars do not
+        environ = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
         init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb,
-                "path": self._worker_path()}
+                "path": path, "environ": environ, "cwd": os.getcwd()}
         kind, value = self._call("init", init, timeout=LOAD_TIMEOUT)
         if kind in ("ValueError", "TypeError"):  # bad arguments: load_env says so, as for our own
             self._kill()
@@ -96,7 +103,7 @@ class Guarded:
         """Our sys.path for the worker; for another interpreter only the entries outside our own
         installation (this project, a test's folders): its libraries are its own."""
         if not self.python:
-            return sys.path
+            return list(sys.path)
         ours = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p)
         return [p for p in sys.path if p and not p.startswith(ours)] + ["*"]
 
@@ -263,6 +270,92 @@ class Guarded:
         self._kill()
 
 
+class Zygote:
+    """The process that forks a guard's workers: `python guard.py --zygote` on the worker's
+    interpreter, which imports `preload` (the library: once), then forks a worker for each start.
+    Forking after imports alone is safe; where an import started a thread, it is not, and each
+    start is a fresh interpreter instead (as where the platform cannot fork)."""
+
+    running = {}  # (python, path, preload) -> its Zygote: one for the process's life
+
+    @classmethod
+    def shared(cls, python, path, preload):
+        key = (python, tuple(path), tuple(preload))
+        zygote = cls.running.get(key)
+        if zygote is None or (zygote.proc is not None and zygote.proc.poll() is not None):
+            zygote = cls.running[key] = cls(python, path, preload)
+        return zygote
+
+    def __init__(self, python, path, preload):
+        self.python, self.preload, self.forks = python, preload, None  # forks: known once ready
+        if not hasattr(os, "fork"):
+            self.proc, self.forks = None, False
+            return
+        self.sock, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--zygote",
+                                      str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        theirs.close()
+        self.sock.sendall(json.dumps({"path": path, "preload": preload}).encode() + b"\n")
+        self.buffer = b""
+
+    def _ask(self, what, fds=(), timeout=None):
+        """Send one request (with file descriptors), return its reply line's words."""
+        socket.send_fds(self.sock, [what.encode() + b"\n"], list(fds))
+        return self._line(timeout, what)
+
+    def _line(self, timeout, what):
+        start = time.perf_counter()
+        while b"\n" not in self.buffer:
+            left = None if timeout is None else timeout - (time.perf_counter() - start)
+            if left is not None and left <= 0:
+                self.proc.kill()
+                raise RuntimeError(f"importing {', '.join(self.preload)} in the guard's worker "
+                                   f"took over {timeout:g} s (guard.LOAD_TIMEOUT)")
+            if select.select([self.sock], [], [], left)[0]:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise ConnectionError(f"the guard's zygote ({self.python}) died before {what}")
+                self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode().split()
+
+    def fork(self):
+        """A new worker: stdin, stdout, kill() and wait(), as a Popen has them."""
+        if self.forks is None:
+            try:
+                self.forks = int(self._line(LOAD_TIMEOUT, "its imports")[1]) == 1  # ready, threads
+            except ConnectionError:  # an import killed it: the worker's own import says how
+                self.forks = False
+        if not self.forks:
+            return subprocess.Popen([self.python, os.path.abspath(__file__)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        requests, replies = os.pipe(), os.pipe()  # (read, write) each
+        _, pid = self._ask("fork", fds=(requests[0], replies[1]), timeout=LOAD_TIMEOUT)
+        os.close(requests[0])
+        os.close(replies[1])
+        return Forked(self, int(pid), os.fdopen(requests[1], "wb", 0), os.fdopen(replies[0], "rb", 0))
+
+
+class Forked:
+    """A worker forked by a zygote, which alone can wait for it."""
+
+    def __init__(self, zygote, pid, stdin, stdout):
+        self.zygote, self.pid, self.stdin, self.stdout = zygote, pid, stdin, stdout
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self):
+        self.stdin.close()
+        self.stdout.close()
+        try:
+            return int(self.zygote._ask(f"wait {self.pid}", timeout=GRACE + 5)[1])
+        except Exception:  # the zygote is gone (or the interpreter exiting): its status with it
+            return None
+
+
 # ----------------------------------------------------------------------------- the worker's side
 class Overrun(BaseException):
     """A call's time is up, raised in the worker by its timers: a BaseException, which a library's
@@ -291,20 +384,22 @@ def _disarm():
     signal.setitimer(signal.ITIMER_PROF, 0)
 
 
-def _serve(proto):
-    """Answer [op, arg, wall, cpu] lines from stdin on `proto` until stdin closes, each call
+def _serve(requests, proto):
+    """Answer [op, arg, wall, cpu] lines from `requests` on `proto` until it closes, each call
     interrupted after `wall` seconds, or `cpu` seconds of CPU time (0: no such limit)."""
     env, states, players = None, {}, {}
     signal.signal(signal.SIGALRM, _overrun)
     signal.signal(signal.SIGPROF, _overrun)
-    for line in sys.stdin.buffer:
+    for line in requests:
         op, arg, wall, cpu = json.loads(line)
         try:
             _arm(wall, cpu)
             try:
-                if op == "init":
-                    path = arg["path"]  # "*" last: the worker's own entries follow
-                    sys.path[:] = path[:-1] + sys.path if path[-1:] == ["*"] else path
+                if op == "init":  # a forked worker takes the trainer's environment as it is now
+                    os.environ.clear()
+                    os.environ.update(arg["environ"])
+                    os.chdir(arg["cwd"])
+                    _set_path(arg["path"])
                     if arg["memory_mb"] and sys.platform.startswith("linux"):
                         import resource
                         limit = arg["memory_mb"] << 20
@@ -372,9 +467,63 @@ def _describe_env(env):
             "scripted_players": list(getattr(env, "scripted_players", ()))}
 
 
-if __name__ == "__main__":
+def _set_path(path):
+    """sys.path as the trainer sent it ("*" last: the worker's own entries follow)."""
+    if path[-1:] == ["*"]:
+        path = path[:-1] + [p for p in sys.path if p not in path]
+    sys.path[:] = path
+
+
+def _zygote(fd):
+    """Import the library once, then fork a worker for each "fork" request (its pipes come with
+    it), report each one's exit status on "wait PID"; exit when the trainer's end closes."""
+    sock, buffer = socket.socket(fileno=fd), b""
+    while b"\n" not in buffer:
+        buffer += sock.recv(1 << 16)
+    setup = json.loads(buffer)
+    _set_path(setup["path"])
+    for name in setup["preload"]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: S110 (the worker's own import reports it, as it would unforked)
+            pass
+    sock.sendall(f"ready {threading.active_count()}\n".encode())
+    while True:
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 10, 2)
+        if not message:
+            return
+        words = message.decode().split()
+        if words[0] == "wait":
+            code = os.waitstatus_to_exitcode(os.waitpid(int(words[1]), 0)[1])
+            sock.sendall(f"exit {code}\n".encode())
+            continue
+        pid = os.fork()
+        if pid == 0:  # the worker: its pipes as stdin and stdout
+            try:
+                sock.close()
+                os.dup2(fds[0], 0)
+                os.dup2(fds[1], 1)
+                for f in fds:
+                    os.close(f)
+                _worker()
+            finally:
+                os._exit(0)
+        for f in fds:
+            os.close(f)
+        sock.sendall(f"pid {pid}\n".encode())
+
+
+def _worker():
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it stops the worker
     proto = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # the library's prints, and ours, never reach the protocol
-    _serve(proto)
+    _serve(os.fdopen(0, "rb"), proto)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--zygote"]:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _zygote(int(sys.argv[2]))
+    else:
+        _worker()
