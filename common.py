@@ -75,8 +75,28 @@ def pick_device(device="auto"):
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
-def weights_dtype(device, train=False):
+def weights_dtype(device, train=False, saved=None):
+    """bf16 on a GPU for sampling, else fp32; a float64 checkpoint stays float64 (the tests compare
+    runs that sum in another order in float64, whose rounding is far below any real difference)."""
+    if saved == torch.float64:
+        return saved
     return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
+
+
+def saved_dtype(path):
+    """The dtype a local checkpoint's config.json names (None: none, or not a local one)."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config) as f:
+        cfg = json.load(f)
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
+def at_least_fp32(x):
+    """x in fp32, or in its own dtype where that is wider (float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 LOCAL_PREFIXES = ("out/", "./", "../", "/", "~")  # paths naming a local directory, never a hub id
@@ -98,7 +118,7 @@ def load_model(path, device="auto", train=False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=weights_dtype(device, train), attn_implementation="sdpa")
+            path, dtype=weights_dtype(device, train, saved_dtype(path)), attn_implementation="sdpa")
     except Exception as e:  # not found, not a model, or a corrupt weights file
         hint = ("it is not a local directory and could not be fetched from the hub (no network?). "
                 "Pass a directory saved with save_pretrained (e.g. out/sft), or build one offline "
@@ -199,7 +219,7 @@ def decoder_hidden(model, ids):
 
 def head_logprobs(head, h, targets, temp):
     """(logprobs of `targets`, entropies) of hidden states h (n, H) under softmax(head(h)/temp)."""
-    logp = torch.log_softmax(head(h).float() / temp, dim=-1)  # (n, V)
+    logp = torch.log_softmax(at_least_fp32(head(h)) / temp, dim=-1)  # (n, V)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
     return logp.gather(1, targets[:, None]).squeeze(1), entropy

@@ -163,7 +163,7 @@ def _grouped_attention(decode_by_matmul):
 
 def _scores(q, k_t):
     """q @ k_t (B, G, span) in fp32, from bf16 without an fp32 copy of the keys (bmm out_dtype)."""
-    if q.dtype == torch.float32:
+    if q.dtype in (torch.float32, torch.float64):
         return torch.bmm(q, k_t)
     try:
         return torch.bmm(q, k_t, out_dtype=torch.float32)

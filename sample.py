@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 import engine
+from common import at_least_fp32
 
 
 # ------------------------------------------------------------------------------- environments
@@ -245,7 +246,7 @@ class HFPolicy:
         the first token whose cumulative probability exceeds the number (inverse CDF), or the forced
         token (B,) where given and not -1. The logprob is the model's at the sampling temperature,
         before any top-p or end-of-turn suppression."""
-        logp = torch.log_softmax(logits.float() / (self.temp or 1.0), dim=-1)  # (B, V)
+        logp = torch.log_softmax(at_least_fp32(logits) / (self.temp or 1.0), dim=-1)  # (B, V)
         choose = logp
         if suppress_stop:
             choose = logp.index_fill(1, stop_ids, float("-inf"))

@@ -198,6 +198,15 @@ def sharp_model(sharp_model_dir):
 
 
 @pytest.fixture(scope="session")
+def f64_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model in float64, which it keeps when loaded (common.weights_dtype): runs that sum
+    in another order (ranks against one process, batch shapes) differ by float64's rounding."""
+    def widen(model, tok):
+        model.double()
+    return _saved_variant(tiny_model_dir, tmp_path_factory.mktemp("f64_model"), widen)
+
+
+@pytest.fixture(scope="session")
 def qwen3_model_dir(tiny_model_dir, tmp_path_factory):
     """Same weights and tokenizer as tiny_model_dir, chat template replaced by QWEN3_STYLE_TEMPLATE."""
     def use_qwen3_template(model, tok):

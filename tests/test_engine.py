@@ -51,9 +51,9 @@ ARCHS = {
 }
 
 
-def save_arch_model(name, tiny_model_dir, out, sharpen=True):
+def save_arch_model(name, tiny_model_dir, out, sharpen=True, dtype=torch.float32):
     """A tiny random model of architecture NAME (ARCHS) with tiny_model_dir's tokenizer and the family's chat
-    template, saved like a hub model in `out`; sharpen: its weight matrices scaled by ARCHS' factor."""
+    template, saved like a hub model in `out` (in `dtype`); sharpen: its weight matrices scaled by ARCHS' factor."""
     from transformers import AutoConfig, AutoModelForCausalLM
     model_type, kw, template, added, _, factor = ARCHS[name]
     _, tok = common.load_model(tiny_model_dir, device="cpu")
@@ -69,7 +69,7 @@ def save_arch_model(name, tiny_model_dir, out, sharpen=True):
             for p in model.parameters():
                 if p.dim() >= 2:
                     p.mul_(factor)
-    model.save_pretrained(out)
+    model.to(dtype).save_pretrained(out)
     tok.save_pretrained(out)
 
 
