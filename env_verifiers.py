@@ -58,11 +58,12 @@ from guard import Guarded, import_source
 
 SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
              "`uv pip install verifiers==0.3.1`)")  # named in every error about the classic API
-# the slow imports of both generations, and of v1's tool servers (what the interpreter lacks is
-# skipped)
-PRELOAD = ("verifiers.clients", "verifiers.legacy.envs", "verifiers.v1", "verifiers.v1.env",
-           "verifiers.v1.rollout", "verifiers.v1.interception.server", "verifiers.v1.mcp.server",
-           "mcp.server.mcpserver.server", "httpx")
+# the slow imports of each generation (v1's with its tool servers'), which the guard's zygote makes
+# once for every worker it forks (preload_for: which; one the interpreter lacks is skipped)
+CLASSIC_PRELOAD = ("verifiers.clients", "verifiers.legacy.envs")
+V1_PRELOAD = ("verifiers.v1", "verifiers.v1.env", "verifiers.v1.rollout",
+              "verifiers.v1.interception.server", "verifiers.v1.mcp.server",
+              "mcp.server.mcpserver.server", "httpx")
 CURRENT = contextvars.ContextVar("episode")  # the running rollout's episode (a task copies it)
 
 
@@ -406,7 +407,22 @@ def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
               "num_groups": num_groups}
     # a v1 step runs Verifiers' chat loop, interception and scoring: up to 0.1 s of CPU here, so
     # past its turn's spent limit a step keeps 0.25 s of CPU (guard.FLOOR_CPU fits lighter ones)
-    # the guard's zygote imports both generations once (whichever the interpreter has): a worker
-    # restarted after a hang is then ready in milliseconds, not the library's import time
     return Guarded("env_verifiers:open_environment", kwargs, timeout=timeout, python=python,
-                   floor_cpu=0.25, preload=PRELOAD)
+                   floor_cpu=0.25, preload=preload_for(id, path))
+
+
+def preload_for(id, path):
+    """What the guard's zygote imports for this environment: the generation its source names
+    (a guess from the text, which costs only time where wrong; both where it cannot be read)."""
+    import importlib.util
+    try:
+        if path is not None:
+            source = os.path.join(path, "__init__.py") if os.path.isdir(path) else path
+        else:
+            spec = importlib.util.find_spec(id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_"))
+            source = spec.origin
+        with open(source) as f:
+            text = f.read()
+    except Exception:  # noqa: BLE001 (not found, not text: the worker's own load says what)
+        return CLASSIC_PRELOAD + V1_PRELOAD
+    return V1_PRELOAD if re.search(r"verifiers\.v1|from verifiers import v1", text) else CLASSIC_PRELOAD

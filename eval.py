@@ -189,10 +189,11 @@ def plot_curves(stages, png, panels=None):
 
 
 # ----------------------------------------------------------------------------- CLI
-def run_task(args, task, env_args, policy, out):
-    """One setting's episodes, or the exploit hook's verdict; its summary printed and saved."""
+def run_task(args, task, env_args, policy, out, env):
+    """One setting's episodes, or the exploit hook's verdict; its summary printed and saved. `env`
+    (loaded from env_args) plays where the setting changes none of them."""
     task_env_args = {**env_args, **eval_settings(args.env).get(task, {})}
-    env = load_env(args.env, task_env_args)
+    env = env if task_env_args == env_args else load_env(args.env, task_env_args)
     if task == "exploit":
         summary, score, found = env.exploit(policy, out)
         print(format_summary(summary, f"exploit hook on {args.model} (greedy): "
@@ -246,7 +247,7 @@ def main():
         for task in tasks:
             out = os.path.join(args.out, task) if args.out and len(tasks) > 1 else args.out
             try:
-                run_task(args, task, env_args, policy, out)
+                run_task(args, task, env_args, policy, out, env)
             except APIError as e:
                 raise SystemExit(str(e)) from None
             except KeyboardInterrupt:

@@ -261,9 +261,16 @@ def test_cuda_graph_keeps_the_buffers_it_reads(sharp_model, short_env, monkeypat
         captured[:] = [weakref.ref(c.cell_contents) for c in step.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
         return graphed(self, step, cache)
     monkeypatch.setattr(FastEngine, "_graphed", spy)
-    policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, batch_size=4, engine="fast")
-    policy.engine.cuda_graphs = True  # on this CPU, with the stand-ins above
-    rollout(short_env, short_env.examples(2, seed=0), policy, group=2, progress=False)
+    # what this process held before the engine existed is left out of the collections (each one
+    # would walk the whole test process's heap); the engine and everything it makes is scanned
+    gc.freeze()
+    try:
+        policy = HFPolicy(model, tok, short_env.system_prompt, temp=1.0, max_new_tokens=6, batch_size=4,
+                          engine="fast")
+        policy.engine.cuda_graphs = True  # on this CPU, with the stand-ins above
+        rollout(short_env, short_env.examples(2, seed=0), policy, group=2, progress=False)
+    finally:
+        gc.unfreeze()
     assert len(captured) >= 2 and replays and all(replays), "a graph replayed after the eager step's buffers were freed"
 
 

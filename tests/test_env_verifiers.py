@@ -18,7 +18,6 @@ from sample import total_reward
 
 ENVS = ROOT / "tests" / "verifiers_envs"
 sys.path.insert(0, str(ENVS))
-from reference import reference_score_sync  # noqa: E402
 
 
 def inner(name, **args):
@@ -46,6 +45,12 @@ def tool_struct(*calls, content=""):
     """The same calls as Verifiers receives them from a server's tool parser."""
     return {"content": content, "tool_calls": [{"id": f"call_{i}", "name": n, "arguments": json.dumps(a)}
                                                for i, (n, a) in enumerate(calls)]}
+
+
+def reference_score_sync(*args):
+    """reference.py's (imported here, not at collection: verifiers takes seconds to import)."""
+    from reference import reference_score_sync
+    return reference_score_sync(*args)
 
 
 def assert_same_as_verifiers(env, row, replies, reference_replies=None):

@@ -243,7 +243,8 @@ def test_both_engines_run_rl_alike(tiny_model_dir, tmp_path, env, env_args):
         rows[engine] = train_lines(out)
     for a, b in zip(rows["hf"], rows["fast"], strict=True):
         assert a["reward"] == b["reward"] and a["reply_len"] == b["reply_len"] and a["zero_adv"] == b["zero_adv"], (a, b)
-        assert a["entropy"] == pytest.approx(b["entropy"], abs=1e-4) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+        # the trainer computes these from the sampled tokens alone, the same in both: exact
+        assert a["entropy"] == b["entropy"] and a["grad_norm"] == b["grad_norm"], (a, b)
 
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(tiny_model_dir, tmp_path, monkeypatch):
