@@ -560,34 +560,30 @@ def test_grad_ckpt_and_compile_auto_are_on_for_big_models_on_a_gpu(tiny_model_di
     assert engine.enable_grad_ckpt(model, "on", "cpu") and checkpointing()
 
 
-def test_report_to_trackio_logs_every_metrics_line(tiny_model_dir, tmp_path):
+def test_report_to_trackio_logs_every_metrics_line(tiny_model_dir, tmp_path, monkeypatch):
     """--report_to trackio: every line of metrics.jsonl, the same step and numbers, lands in trackio's local store
     (TRACKIO_DIR), the run named by --out; nothing leaves the machine."""
-    import subprocess
     import sys
-    pytest.importorskip("trackio")
-    root, out = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), str(tmp_path / "rl")
-    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "rl.py", "--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "2",
-                          "--max_new_tokens", "4", "--eval_every", "0", "--eval_n", "1", "--device", "cpu", "--out", out,
-                          "--report_to", "trackio"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    read = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
-            "print(json.dumps(S.get_logs(project='nanorlenv', run=sys.argv[1])))")
-    logs = json.loads(subprocess.run([sys.executable, "-c", read, os.path.normpath(out)], env=env, capture_output=True,
-                                     text=True, timeout=120).stdout)
+    from pathlib import Path
+    store, out = tmp_path / "trackio", str(tmp_path / "rl")
+    monkeypatch.setenv("TRACKIO_DIR", str(store))
+    pytest.importorskip("trackio")  # it reads TRACKIO_DIR once, at its import: where that was earlier, set here
+    for name, module in list(sys.modules.items()):
+        if name.startswith("trackio") and isinstance(getattr(module, "TRACKIO_DIR", None), Path):
+            monkeypatch.setattr(module, "TRACKIO_DIR", store)
+    from trackio.sqlite_storage import SQLiteStorage
+    argv = ["--model", tiny_model_dir, "--batch", "4", "--group", "2", "--max_new_tokens", "4", "--eval_every", "0",
+            "--eval_n", "1", "--device", "cpu", "--out", out, "--report_to", "trackio"]
+    run_main("rl", argv + ["--steps", "2"])
+    logs = SQLiteStorage.get_logs(project="nanorlenv", run=os.path.normpath(out))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(logs) == len(rows) == 4  # two steps, then the final evaluation's two settings
     for got, row in zip(logs, rows):
         assert {k: got[k] for k in row} == row
+    assert os.listdir(store)  # the store is the one named, nowhere else
     # --resume goes on in the same tracker run
-    run = subprocess.run([sys.executable, "rl.py", "--model", tiny_model_dir, "--batch", "4", "--group", "2", "--steps", "3",
-                          "--max_new_tokens", "4", "--eval_every", "0", "--eval_n", "1", "--device", "cpu", "--out", out,
-                          "--report_to", "trackio", "--resume"], cwd=root, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    logs = json.loads(subprocess.run([sys.executable, "-c", read, os.path.normpath(out)], env=env, capture_output=True,
-                                     text=True, timeout=120).stdout)
+    run_main("rl", argv + ["--steps", "3", "--resume"])
+    logs = SQLiteStorage.get_logs(project="nanorlenv", run=os.path.normpath(out))
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(logs) == len(rows) > 4 and [r["step"] for r in logs] == [r["step"] for r in rows]
 
