@@ -49,6 +49,12 @@ QWEN3_STYLE_TEMPLATE = (
 # end-of-turn token) while keeping top-1/top-2 gaps far above float noise.
 SHARPEN = 20.0
 
+# fp32 logprobs of the same tokens by two computations (another blocking, SDPA against matrix products, a cache
+# against a re-encoding): each logit is about ten sums deep, each of <= 64 products rounded at 6e-8, their
+# magnitudes summing to < 10 even in the sharpened models: within 10 * 64 * 6e-8 * 10 = 4e-4; a logprob (a logit
+# minus a log-sum-exp) twice that. A wrong position, mask or temperature moves one by >= 1e-2.
+FP32_LOGPROB_ATOL = 1e-3
+
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked @pytest.mark.slow")

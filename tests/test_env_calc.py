@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import common
 import env_calc as calc
-from conftest import QWEN3_STYLE_TEMPLATE
+from conftest import FP32_LOGPROB_ATOL, QWEN3_STYLE_TEMPLATE
 from policies import ScriptedPolicy
 from sample import ChatTokens, HFPolicy, rollout
 
@@ -235,4 +235,4 @@ def test_tool_using_trajectory_is_token_exact(qwen3_tool_model, monkeypatch):
         logp = torch.log_softmax(replay_logits(model, rec["ids"]), -1)
         pos = [t for t, m in enumerate(rec["mask"]) if m]
         torch.testing.assert_close(torch.tensor([rec["logprobs"][t] for t in pos]),
-                                   logp[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])], atol=1e-4, rtol=0)
+                                   logp[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])], atol=FP32_LOGPROB_ATOL, rtol=0)

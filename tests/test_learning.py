@@ -183,6 +183,10 @@ def reference_grads(model, records, adv, weights, episodes, args, old=None, ref_
 
 
 def assert_same_grads(got, want, nonzero=True):
+    """The trainer's gradients against the reference's: the same fp32 products summed in other orders (batched,
+    episode by episode), each sum of n < 1e3 terms within n * 6e-8 = 6e-5 of its terms' magnitude, so rtol 1e-4;
+    atol 1e-7 for entries that cancel to ~0 (their terms here are < 1e-3). A dropped normaliser or a flipped sign
+    moves them by 100%."""
     assert not nonzero or any(w.abs().max() > 0 for w in want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-7, rtol=1e-4)
