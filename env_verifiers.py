@@ -419,10 +419,11 @@ def preload_for(id, path):
         if path is not None:
             source = os.path.join(path, "__init__.py") if os.path.isdir(path) else path
         else:
-            spec = importlib.util.find_spec(id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_"))
-            source = spec.origin
+            name = id.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_")
+            source = importlib.util.find_spec(name).origin
         with open(source) as f:
             text = f.read()
     except Exception:  # noqa: BLE001 (not found, not text: the worker's own load says what)
         return CLASSIC_PRELOAD + V1_PRELOAD
-    return V1_PRELOAD if re.search(r"verifiers\.v1|from verifiers import v1", text) else CLASSIC_PRELOAD
+    v1 = re.search(r"verifiers\.v1|from verifiers import v1", text)
+    return V1_PRELOAD if v1 else CLASSIC_PRELOAD

@@ -334,7 +334,8 @@ class Zygote:
         _, pid = self._ask("fork", fds=(requests[0], replies[1]), timeout=LOAD_TIMEOUT)
         os.close(requests[0])
         os.close(replies[1])
-        return Forked(self, int(pid), os.fdopen(requests[1], "wb", 0), os.fdopen(replies[0], "rb", 0))
+        return Forked(self, int(pid), os.fdopen(requests[1], "wb", 0),
+                      os.fdopen(replies[0], "rb", 0))
 
 
 class Forked:

@@ -28,8 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RL = ["rl.py", "--env", "digits", "--batch", "16", "--group", "4", "--max_new_tokens", "6", "--lr", "1e-2", "--warmup", "1",
       "--eval_every", "0", "--eval_n", "2", "--save_every", "2", "--temp", "1.5", "--device", "cpu"]
 # and on tic-tac-toe with the exploiter: rank 0 certifies the greedy policy, every rank replays its lines
-EXPLOIT = ["--env", "tictactoe_lab", "--env_args", '{"max_turns": 3, "show_cells": true, "replay_explore": "rules_wins"}',
-           "--exploit", "2"]
+EXPLOIT = ["--env", "tictactoe", "--env_args", '{"max_turns": 3, "show_cells": true}', "--exploit", "2"]
 SFT = ["sft.py", "--model", "scratch", "--n_games", "40", "--vocab_size", "300", "--d_model", "32", "--n_layers", "2",
        "--n_heads", "2", "--max_steps", "4", "--batch", "5", "--eval_every", "0", "--eval_n", "2", "--save_every", "2",
        "--device", "cpu"]
@@ -99,8 +98,9 @@ def assert_same_run(a, b, exact=True):
 
 def one_step_each_way(checkpoint, flags, ranks, tmp_path, name, env_dir=None):
     """From `checkpoint` (a run's directory, at step S), step S + 1 by one process and by `ranks`
-    torchrun processes (flags(out, steps, ranks): the command line), each from its own copy; asserts they agree (the bounds above) and
-    returns the two directories (one process's, the ranks') and what the ranks printed."""
+    torchrun processes (flags(out, steps, ranks): the command line), each from its own copy;
+    asserts they agree (the bounds above); returns the two directories (one process's, the
+    ranks') and what the ranks printed."""
     one, many = str(tmp_path / f"{name}_one"), str(tmp_path / f"{name}_ranks")
     step = torch.load(os.path.join(checkpoint, "trainer_state.pt"), weights_only=False)["step"]
     for out, n in ((one, 0), (many, ranks)):

@@ -119,7 +119,8 @@ def test_decoding_by_matmul_is_decoding_by_sdpa(arch, short_env, temp):
         runs[by_matmul] = rollout(short_env, short_env.examples(6, seed=2), policy, progress=False)
     for a, b in zip(runs[False], runs[True]):
         assert a["ids"] == b["ids"] and a["mask"] == b["mask"], name
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=FP32_LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]),
+                                   atol=FP32_LOGPROB_ATOL, rtol=0)
 
 
 def test_compiled_update_gives_eager_gradients(arch, request):
@@ -169,7 +170,8 @@ def test_the_fast_engine_gives_the_reference_engines_rollouts(arch, short_env):
     assert [r["ids"] for r in runs["fast"]] == [r["ids"] for r in runs["hf"]], name
     assert [r["mask"] for r in runs["fast"]] == [r["mask"] for r in runs["hf"]], name
     for a, b in zip(runs["fast"], runs["hf"]):
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=FP32_LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]),
+                                   atol=FP32_LOGPROB_ATOL, rtol=0)
 
 
 def reply_lengths(rec):
@@ -207,7 +209,8 @@ def test_rows_that_stop_early_keep_their_state(arch, short_env):
         model.set_output_embeddings(head)
     assert [r["ids"] for r in runs["fast"]] == [r["ids"] for r in runs["hf"]]
     for a, b in zip(runs["fast"], runs["hf"]):
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=FP32_LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]),
+                                   atol=FP32_LOGPROB_ATOL, rtol=0)
 
 
 def test_sampled_logprobs_are_the_tempered_model(arch, short_env):
@@ -339,4 +342,5 @@ def test_copied_episodes_go_on_from_their_row(arch, short_env):
     assert [ep["ids"] for ep in runs["fast"]] == [ep["ids"] for ep in runs["hf"]]
     assert len({tuple(ep["ids"]) for ep in runs["fast"]}) > 6, "the branches went different ways"
     for a, b in zip(runs["fast"], runs["hf"]):
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=FP32_LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]),
+                                   atol=FP32_LOGPROB_ATOL, rtol=0)

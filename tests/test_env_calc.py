@@ -235,4 +235,5 @@ def test_tool_using_trajectory_is_token_exact(qwen3_tool_model, monkeypatch):
         logp = torch.log_softmax(replay_logits(model, rec["ids"]), -1)
         pos = [t for t, m in enumerate(rec["mask"]) if m]
         torch.testing.assert_close(torch.tensor([rec["logprobs"][t] for t in pos]),
-                                   logp[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])], atol=FP32_LOGPROB_ATOL, rtol=0)
+                                   logp[torch.tensor(pos) - 1, torch.tensor([rec["ids"][t] for t in pos])],
+                                   atol=FP32_LOGPROB_ATOL, rtol=0)

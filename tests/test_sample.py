@@ -197,7 +197,8 @@ def test_a_forced_reply_is_recorded_as_the_models_tokens(sharp_model, engine):
     logp = torch.log_softmax(replay_logits(model, forced["ids"]) / temp, -1)
     pos = [t for t, m in enumerate(forced["mask"]) if m]
     ref = logp[torch.tensor(pos) - 1, torch.tensor([forced["ids"][t] for t in pos])]
-    torch.testing.assert_close(torch.tensor([forced["logprobs"][t] for t in pos]), ref, atol=FP32_LOGPROB_ATOL, rtol=0)
+    torch.testing.assert_close(torch.tensor([forced["logprobs"][t] for t in pos]), ref,
+                               atol=FP32_LOGPROB_ATOL, rtol=0)
     assert min(forced["logprobs"][t] for t in range(*first)) < -1  # tokens the model would seldom sample
 
 
@@ -371,7 +372,8 @@ def test_kv_cache_reuse_equals_reencoding(sharp_model, short_env, monkeypatch, t
     assert len({len(r["messages"]) for r in runs[True]}) > 1, "episodes finished at different turns: rows were compacted"
     for a, b in zip(runs[True], runs[False]):
         assert a["ids"] == b["ids"] and a["mask"] == b["mask"]
-        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), atol=FP32_LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]),
+                                   atol=FP32_LOGPROB_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("by_matmul", [False, True])
@@ -485,7 +487,8 @@ def test_batched_generation_equals_one_at_a_time(sharp_model, short_env):
                 assert gap < TIE, f"example {i}: batched run diverges at token {t} (logit gap {gap:.3g}, not a tie)"
             else:
                 assert other["mask"] == alone["mask"]
-                torch.testing.assert_close(torch.tensor(other["logprobs"]), torch.tensor(alone["logprobs"]), atol=FP32_LOGPROB_ATOL, rtol=0)
+                torch.testing.assert_close(torch.tensor(other["logprobs"]), torch.tensor(alone["logprobs"]),
+                                           atol=FP32_LOGPROB_ATOL, rtol=0)
         distinct.add(tuple(m["content"] for m in alone["messages"] if m["role"] == "assistant"))
     # the replies depend on the context, so a padding or position bug shows up as different tokens (with the
     # unscaled random model every reply is the same run of newlines whatever the game)
