@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from guard import FLOOR_CPU, GRACE, Guarded
+from guard import FLOOR_CPU, GRACE, Forked, Guarded
 from sample import rollout
 
 MISBEHAVING = textwrap.dedent('''
@@ -95,6 +95,24 @@ def test_a_misbehaving_reply_costs_its_episode_only(guarded, bad):
     assert env.step(a, "one more") == "2 so far" and env.step(a, "one more") is None
     assert env.rewards(a) == {"count": 1.0} and env.metrics(a)["error"] == 0
     assert env.restarts == (bad in ("hang", "crash"))  # interrupted, out of memory or raising: the worker goes on
+
+
+def test_workers_are_forked_unless_the_library_starts_a_thread(guarded, tmp_path):
+    """A worker is forked from the zygote that imported the environment's module; where that import starts a
+    thread, forking is not safe, and each worker is a fresh interpreter, which works the same."""
+    assert isinstance(guarded.proc, Forked)
+    (tmp_path / "threaded.py").write_text("import threading, time\n"
+                                         "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+                                         + MISBEHAVING)
+    env = Guarded("threaded:Env", {}, timeout=2.0, memory_mb=2048)
+    try:
+        assert not isinstance(env.proc, Forked)
+        a, _ = env.reset({"seed": 1})
+        assert env.step(a, "one more") == "1 so far" and env.step(a, "crash") is None
+        b, _ = env.reset({"seed": 2})  # a fresh worker again
+        assert env.step(b, "one more") == "1 so far" and env.restarts == 1 and not isinstance(env.proc, Forked)
+    finally:
+        env.close()
 
 
 def test_a_turn_of_slow_replies_waits_about_one_limit(guarded):
