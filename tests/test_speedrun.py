@@ -52,6 +52,20 @@ def speedruns(tmp_path_factory):
     return finished
 
 
+def report_main(*argv):
+    """scripts/speedrun_report.py ARGV in this process (as the speedrun runs it, less an interpreter's start)."""
+    import contextlib
+    import io
+    import runpy
+    saved = sys.argv
+    sys.argv = ["scripts/speedrun_report.py", *argv]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(os.path.join(ROOT, "scripts", "speedrun_report.py"), run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
 @pytest.mark.parametrize("teacher", TEACHERS)
 def test_quick_speedrun(speedruns, teacher):
     out, rl_flags, returncode, output = speedruns[teacher]
@@ -135,8 +149,7 @@ def test_quick_speedrun(speedruns, teacher):
     assert results["rl"]["certificate"]["lines_lost"] == best["lines_lost"]
     # a resumed run's report (speedrun.sh RESUME=1 passes --resumed) says its times leave out the earlier invocations
     assert "Wall time: SFT " in report and results["times_s"]["resumed"] is False
-    subprocess.run([sys.executable, "scripts/speedrun_report.py", out, "--times", "1", "2", "3", "--resumed"], cwd=ROOT,
-                   check=True, capture_output=True)
+    report_main(out, "--times", "1", "2", "3", "--resumed")
     assert "Wall time of this resumed invocation alone (RESUME=1; earlier ones not counted): SFT 1s" in open(os.path.join(out, "report.md")).read()
     assert json.load(open(os.path.join(out, "results.json")))["times_s"] == {"sft": 1, "rl": 2, "total": 3, "resumed": True}
 
