@@ -327,11 +327,17 @@ class Zygote:
                 self.forks = int(self._line(LOAD_TIMEOUT, "its imports")[1]) == 1  # ready, threads
             except ConnectionError:  # an import killed it: the worker's own import says how
                 self.forks = False
+        if self.forks:
+            requests, replies = os.pipe(), os.pipe()  # (read, write) each
+            try:
+                _, pid = self._ask("fork", fds=(requests[0], replies[1]), timeout=LOAD_TIMEOUT)
+            except (ConnectionError, OSError):  # the zygote died (an interpreter without fd passing)
+                self.forks = False
+                for fd in (*requests, *replies):
+                    os.close(fd)
         if not self.forks:
             return subprocess.Popen([self.python, os.path.abspath(__file__)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-        requests, replies = os.pipe(), os.pipe()  # (read, write) each
-        _, pid = self._ask("fork", fds=(requests[0], replies[1]), timeout=LOAD_TIMEOUT)
         os.close(requests[0])
         os.close(replies[1])
         return Forked(self, int(pid), os.fdopen(requests[1], "wb", 0),
