@@ -143,17 +143,11 @@ class Guarded:
     def _reply(self, op, wall, start):
         """The worker's reply to the call sent at `start`, or a timeout if the worker has not
         interrupted the call GRACE seconds after its limit (a hang in C): it is then killed."""
-        while b"\n" not in self.buffer:
-            left = wall + GRACE - (time.perf_counter() - start)
-            if left <= 0:
-                self._kill()
-                return ["timeout", f"{op} took over {wall:.3g} s (the worker was restarted)"]
-            if select.select([self.proc.stdout], [], [], left)[0]:
-                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
-                if not chunk:
-                    raise BrokenPipeError
-                self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
+        left = wall + GRACE - (time.perf_counter() - start)
+        line, self.buffer = _read_line(self.proc.stdout.fileno(), self.buffer, left)
+        if line is None:
+            self._kill()
+            return ["timeout", f"{op} took over {wall:.3g} s (the worker was restarted)"]
         return json.loads(line)
 
     def _episode_call(self, state, op, arg):
@@ -270,6 +264,22 @@ class Guarded:
         self._kill()
 
 
+def _read_line(fd, buffer, seconds=None):
+    """(the next line, what follows it) from `buffer`, then from fd, within `seconds` (None: no
+    limit), or (None, buffer) once they are up; BrokenPipeError where fd closes first."""
+    start = time.perf_counter()
+    while b"\n" not in buffer:
+        left = None if seconds is None else seconds - (time.perf_counter() - start)
+        if left is not None and left <= 0:
+            return None, buffer
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise BrokenPipeError
+            buffer += chunk
+    return tuple(buffer.split(b"\n", 1))
+
+
 class Zygote:
     """The process that forks a guard's workers: `python guard.py --zygote` on the worker's
     interpreter, which imports `preload` (the library: once), then forks a worker for each start.
@@ -302,46 +312,37 @@ class Zygote:
     def _ask(self, what, fds=(), timeout=None):
         """Send one request (with file descriptors), return its reply line's words."""
         socket.send_fds(self.sock, [what.encode() + b"\n"], list(fds))
-        return self._line(timeout, what)
+        return self._line(timeout)
 
-    def _line(self, timeout, what):
-        start = time.perf_counter()
-        while b"\n" not in self.buffer:
-            left = None if timeout is None else timeout - (time.perf_counter() - start)
-            if left is not None and left <= 0:
-                self.proc.kill()
-                raise RuntimeError(f"importing {', '.join(self.preload)} in the guard's worker "
-                                   f"took over {timeout:g} s (guard.LOAD_TIMEOUT)")
-            if select.select([self.sock], [], [], left)[0]:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    raise ConnectionError(f"the guard's zygote ({self.python}) died before {what}")
-                self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
+    def _line(self, timeout):
+        line, self.buffer = _read_line(self.sock.fileno(), self.buffer, timeout)
+        if line is None:
+            self.proc.kill()
+            raise RuntimeError(f"importing {', '.join(self.preload)} in the guard's worker took "
+                               f"over {timeout:g} s (guard.LOAD_TIMEOUT)")
         return line.decode().split()
 
     def fork(self):
         """A new worker: stdin, stdout, kill() and wait(), as a Popen has them."""
         if self.forks is None:
             try:
-                self.forks = int(self._line(LOAD_TIMEOUT, "its imports")[1]) == 1  # ready, threads
-            except ConnectionError:  # an import killed it: the worker's own import says how
+                self.forks = int(self._line(LOAD_TIMEOUT)[1]) == 1  # "ready THREADS"
+            except OSError:  # an import killed it: the worker's own import says how
                 self.forks = False
         if self.forks:
             requests, replies = os.pipe(), os.pipe()  # (read, write) each
             try:
                 _, pid = self._ask("fork", fds=(requests[0], replies[1]), timeout=LOAD_TIMEOUT)
-            except (ConnectionError, OSError):  # the zygote died (an interpreter without fd passing)
+                os.close(requests[0])
+                os.close(replies[1])
+                return Forked(self, int(pid), os.fdopen(requests[1], "wb", 0),
+                              os.fdopen(replies[0], "rb", 0))
+            except OSError:  # the zygote died (an interpreter without file-descriptor passing)
                 self.forks = False
                 for fd in (*requests, *replies):
                     os.close(fd)
-        if not self.forks:
-            return subprocess.Popen([self.python, os.path.abspath(__file__)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-        os.close(requests[0])
-        os.close(replies[1])
-        return Forked(self, int(pid), os.fdopen(requests[1], "wb", 0),
-                      os.fdopen(replies[0], "rb", 0))
+        return subprocess.Popen([self.python, os.path.abspath(__file__)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
 
 
 class Forked:
@@ -484,10 +485,8 @@ def _set_path(path):
 def _zygote(fd):
     """Import the library once, then fork a worker for each "fork" request (its pipes come with
     it), report each one's exit status on "wait PID"; exit when the trainer's end closes."""
-    sock, buffer = socket.socket(fileno=fd), b""
-    while b"\n" not in buffer:
-        buffer += sock.recv(1 << 16)
-    setup = json.loads(buffer)
+    sock = socket.socket(fileno=fd)
+    setup = json.loads(_read_line(fd, b"")[0])
     _set_path(setup["path"])
     for name in setup["preload"]:
         try:
