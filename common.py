@@ -75,23 +75,16 @@ def pick_device(device="auto"):
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
-def weights_dtype(device, train=False, saved=None):
-    """bf16 on a GPU for sampling, else fp32; a float64 checkpoint stays float64 (the tests compare
-    runs that sum in another order in float64, whose rounding is far below any real difference)."""
-    if saved == torch.float64:
-        return saved
+def weights_dtype(device, train=False, path=None):
+    """bf16 on a GPU for sampling, else fp32; a local float64 checkpoint (path) stays float64 (the
+    tests compare runs that sum in another order in float64, far below any real difference)."""
+    config = os.path.join(path or "", "config.json")
+    if path and os.path.isfile(config):
+        with open(config) as f:
+            cfg = json.load(f)
+        if "float64" in (cfg.get("dtype"), cfg.get("torch_dtype")):
+            return torch.float64
     return torch.bfloat16 if device.startswith("cuda") and not train else torch.float32
-
-
-def saved_dtype(path):
-    """The dtype a local checkpoint's config.json names (None: none, or not a local one)."""
-    config = os.path.join(path, "config.json")
-    if not os.path.isfile(config):
-        return None
-    with open(config) as f:
-        cfg = json.load(f)
-    name = cfg.get("dtype") or cfg.get("torch_dtype")
-    return getattr(torch, name, None) if isinstance(name, str) else None
 
 
 def at_least_fp32(x):
@@ -118,7 +111,7 @@ def load_model(path, device="auto", train=False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=weights_dtype(device, train, saved_dtype(path)), attn_implementation="sdpa")
+            path, dtype=weights_dtype(device, train, path), attn_implementation="sdpa")
     except Exception as e:  # not found, not a model, or a corrupt weights file
         hint = ("it is not a local directory and could not be fetched from the hub (no network?). "
                 "Pass a directory saved with save_pretrained (e.g. out/sft), or build one offline "

@@ -571,6 +571,12 @@ def test_load_model_errors(tmp_path, no_template_model_dir):
         common.load_model(no_template_model_dir, device="cpu")
 
 
+def test_a_float64_checkpoint_loads_in_float64(f64_model_dir, tiny_model_dir):
+    """What test_distributed's float64 comparisons rest on: the checkpoint's own dtype, not fp32."""
+    assert next(common.load_model(f64_model_dir, device="cpu", train=True)[0].parameters()).dtype == torch.float64
+    assert next(common.load_model(tiny_model_dir, device="cpu")[0].parameters()).dtype == torch.float32
+
+
 def test_weights_dtype_keeps_trained_weights_fp32():
     assert common.weights_dtype("cuda") == torch.bfloat16  # sampling and evaluation on a GPU
     assert common.weights_dtype("cuda:0", train=True) == common.weights_dtype("cpu") == torch.float32
