@@ -110,6 +110,28 @@ def has_judge(rubric, vf):
             or any(has_judge(r, vf) for r in getattr(rubric, "rubrics", [])))
 
 
+def pre_018_api(cls):
+    """What of the MultiTurnEnv API before verifiers 0.1.8 a class overrides, or None:
+    is_completed(messages, state), or an env_response returning (messages, state)."""
+    import ast
+    import textwrap
+    completed = getattr(cls, "is_completed", None)
+    if callable(completed) and "messages" in inspect.signature(completed).parameters:
+        return "is_completed(messages, state)"
+    respond = getattr(cls, "env_response", None)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(respond)))
+    except (TypeError, OSError, SyntaxError):  # not Python source we can read: no verdict
+        return None
+    function = tree.body[0]
+    returns = [n.value for n in ast.walk(function) if isinstance(n, ast.Return)]
+    annotation = ast.unparse(function.returns) if getattr(function, "returns", None) else ""
+    if annotation.startswith(("tuple", "Tuple")) or any(
+            isinstance(r, ast.Tuple) and len(r.elts) == 2 for r in returns):
+        return "env_response returning (messages, state)"
+    return None
+
+
 class Episode:
     """One rollout suspended inside Verifiers between our calls: its task, the future through which
     it asks for the model's turn (`turn`, set to the prompt) and the one answering it (`reply`)."""
@@ -243,7 +265,12 @@ class VerifiersEnv:
     def _refuse_what_cannot_run(self):
         vf, env = self.vf, self.env
         names = {c.__name__ for c in type(env).__mro__}
+        old = pre_018_api(type(env))
         why = ("it is not a Verifiers Environment" if not isinstance(env, vf.Environment) else
+               f"it is written for the API of verifiers 0.1.7 and older ({old}), which 0.1.8 "
+               "replaced: port it (a @vf.stop method for is_completed, env_response returning "
+               "only its messages); a venv with 0.1.7 does not help: it predates the Client "
+               "interface this adapter runs on" if old else
                "an environment group: load each environment on its own" if "EnvGroup" in names else
                "it runs code in a remote sandbox"
                if names & {"SandboxEnv", "PythonEnv", "CliAgentEnv"} else
@@ -291,7 +318,9 @@ class VerifiersEnv:
         messages = self._advance(episode)
         if messages is None:
             raise RuntimeError(f"the rollout ended before the first model turn: "
-                               f"{episode.task.exception()!r}")
+                               f"{episode.task.exception()!r} (with verifiers "
+                               f"{getattr(self.vf, '__version__', '?')}: one written for another "
+                               "version runs in a venv with it, env_args \"python\")")
         return episode, messages[-1]["content"]
 
     def step(self, episode, reply):

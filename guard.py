@@ -91,12 +91,11 @@ class Guarded:
         init = {"factory": self.factory, "kwargs": self.kwargs, "memory_mb": self.memory_mb,
                 "path": path, "environ": environ, "cwd": os.getcwd()}
         kind, value = self._call("init", init, timeout=LOAD_TIMEOUT)
-        if kind in ("ValueError", "TypeError"):  # bad arguments: load_env says so, as for our own
+        if kind != "ok":  # one line for load_env to say (never a traceback): what to change
             self._kill()
-            raise {"ValueError": ValueError, "TypeError": TypeError}[kind](value)
-        if kind != "ok":
-            self._kill()
-            raise RuntimeError(f"{self.factory} failed to load in its worker: {kind}: {value}")
+            if kind in ("ValueError", "TypeError"):  # the adapter's own reason
+                raise {"ValueError": ValueError, "TypeError": TypeError}[kind](value)
+            raise ValueError(f"{self.factory} failed to load in its worker: {kind}: {value}")
         return value
 
     def _worker_path(self):
@@ -318,7 +317,7 @@ class Zygote:
         line, self.buffer = _read_line(self.sock.fileno(), self.buffer, timeout)
         if line is None:
             self.proc.kill()
-            raise RuntimeError(f"importing {', '.join(self.preload)} in the guard's worker took "
+            raise ValueError(f"importing {', '.join(self.preload)} in the guard's worker took "
                                f"over {timeout:g} s (guard.LOAD_TIMEOUT)")
         return line.decode().split()
 
@@ -370,13 +369,31 @@ class Overrun(BaseException):
     `except Exception` lets through."""
 
 
-TIMER = {"armed": False, "fired": None}  # "fired": the signal that interrupted the call
+TIMER = {"armed": False, "fired": None, "where": ""}  # "fired": the signal that interrupted it
 
 
 def _overrun(signum, frame):
     if TIMER["armed"]:  # once a call: a timer that fires after it is ignored
-        TIMER.update(armed=False, fired=signum)
+        TIMER.update(armed=False, fired=signum, where=_where(frame))
         raise Overrun
+
+
+def _where(frame):
+    """Where an overrun call was, for its error: the line running (mostly the library's) and the
+    innermost line of this project's adapter that led there (the step that was slow)."""
+    def line(f):
+        path = f.f_code.co_filename
+        path = path.split("site-packages" + os.sep)[-1] if "site-packages" in path else (
+            os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path)
+        return f"{path}:{f.f_lineno} ({f.f_code.co_name})"
+    here, ours, f = os.path.abspath(__file__), None, frame
+    while f is not None and ours is None:
+        path = os.path.abspath(f.f_code.co_filename)
+        ours = f if os.path.dirname(path) == os.path.dirname(here) and path != here else None
+        f = f.f_back
+    if frame is None:
+        return ""
+    return f", in {line(frame)}" + (f", from {line(ours)}" if ours not in (None, frame) else "")
 
 
 def _arm(wall, cpu):
@@ -438,8 +455,9 @@ def _serve(requests, proto):
         if TIMER["fired"]:  # also where the library caught Overrun and went on: the episode ends
             if op in ("reset", "step", "play"):
                 states.pop(arg[0], None)
-            reply = ["timeout", f"{op} took over {wall:.3g} s" if TIMER["fired"] == signal.SIGALRM
-                     else f"{op} took over {cpu:g} s of CPU time (its turn's limit was spent)"]
+            reply = ["timeout", (f"{op} took over {wall:.3g} s" if TIMER["fired"] == signal.SIGALRM
+                                 else f"{op} took over {cpu:g} s of CPU time (its turn's limit "
+                                 "was spent)") + TIMER["where"]]
         proto.write(json.dumps(reply).encode() + b"\n")
         proto.flush()
 

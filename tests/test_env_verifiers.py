@@ -5,6 +5,7 @@ what is refused, our signal handlers, and rl.py / eval.py on each kind of enviro
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,6 +231,19 @@ def test_what_cannot_run_is_refused_at_load(tmp_path, monkeypatch, case):
                     f"'q', 'answer': 'a'}}]), {build})\n")
     with pytest.raises(ValueError, match=why):
         ev.open_environment(path=str(path))
+
+
+@pytest.mark.parametrize("variant, what", [("is_completed", r"is_completed\(messages, state\)"),
+                                           ("tuple", r"env_response returning \(messages, state\)")])
+def test_an_environment_on_the_api_before_0_1_8_is_refused_in_one_line(variant, what):
+    """Through load_env, as eval.py and rl.py load it: a SystemExit whose one line names the API and what
+    to change (the ported environment loads)."""
+    from common import load_env
+    with pytest.raises(SystemExit) as e:
+        load_env("verifiers", {"path": str(ENVS / "vf_old_api.py"), "args": {"variant": variant}})
+    message = str(e.value)
+    assert "\n" not in message and re.search(f"verifiers 0.1.7 and older \\({what}\\).*port it", message)
+    assert ev.open_environment(path=str(ENVS / "vf_old_api.py"), args={"variant": "ported"}).rows
 
 
 def test_verifiers_without_the_classic_api_says_which_version(monkeypatch):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import guard
 from guard import FLOOR_CPU, GRACE, Forked, Guarded
 from sample import rollout
 
@@ -95,6 +96,17 @@ def test_a_misbehaving_reply_costs_its_episode_only(guarded, bad):
     assert env.step(a, "one more") == "2 so far" and env.step(a, "one more") is None
     assert env.rewards(a) == {"count": 1.0} and env.metrics(a)["error"] == 0
     assert env.restarts == (bad in ("hang", "crash"))  # interrupted, out of memory or raising: the worker goes on
+
+
+def test_a_load_that_overruns_fails_in_one_line_naming_where_it_was(tmp_path, monkeypatch):
+    """As an endless generator listed whole would: the error names the line that ran on."""
+    (tmp_path / "slow_load.py").write_text("def read_every_task():\n    while True:\n        pass\n\n\n"
+                                           "class Env:\n    def __init__(self):\n        read_every_task()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(guard, "LOAD_TIMEOUT", 1.0)
+    with pytest.raises(ValueError, match=r"^slow_load:Env failed to load in its worker: timeout: init took over "
+                                         r"1 s, in /\S*slow_load.py:[23] \(read_every_task\)$"):
+        Guarded("slow_load:Env", {})
 
 
 def test_workers_are_forked_unless_the_library_starts_a_thread(guarded, tmp_path):
