@@ -20,7 +20,9 @@ two generations cannot share one installation, and the trainer needs none); `dat
 build the same rows in every process); `max_turns`: the cut-off for an environment with no turn
 limit of its own (default 16); `num_groups`: consecutive examples cycle through that many rows
 (rl.py passes batch/group; forwarded to load_environment where it takes one: the course's
-stratified buckets).
+stratified buckets); `window` (default 4096): a v1 Taskset that is endless (INFINITE) is read
+lazily, as far as the examples reach, and each call's examples start among its first `window`
+tasks (a finite one is read whole at load).
 
 Verifiers' own code plays every episode: its `_run_rollout_state` (setup_state, stop conditions,
 env_response, final_env_response, tools, cleanup, then the rubric's score_rollout) runs on a
@@ -52,8 +54,8 @@ import signal
 import sys
 import time
 
-from env_verifiers_v1 import (DEFAULT_MAX_TURNS, VerifiersV1Env, is_v1_module, parse_tool_calls,
-                              start_row)
+from env_verifiers_v1 import (DEFAULT_MAX_TURNS, ENDLESS_WINDOW, VerifiersV1Env, is_v1_module,
+                              parse_tool_calls, start_row)
 from guard import Guarded, import_source
 
 SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
@@ -150,7 +152,7 @@ class ErrorLog(logging.Handler):
 
 
 def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                     num_groups=None):
+                     num_groups=None, window=ENDLESS_WINDOW):
     """The guard worker's factory: the environment module's generation decides its adapter, a v1
     one (it exports a vf.Taskset: env_verifiers_v1.py) or a classic one (load_environment)."""
     import_verifiers(classic=False)
@@ -160,7 +162,7 @@ def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
     if args is not None and not isinstance(args, dict):
         raise ValueError(f"args={args!r}: must be a JSON object of the environment's settings")
     for name, value in (("max_turns", max_turns), ("num_groups", num_groups or 1),
-                        ("dataset_seed", dataset_seed)):
+                        ("dataset_seed", dataset_seed), ("window", window)):
         if (not isinstance(value, int) or isinstance(value, bool)
                 or value < (name != "dataset_seed")):
             raise ValueError(f"{name}={value!r}: must be an integer >= "
@@ -170,7 +172,7 @@ def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
                 "num_groups": num_groups}
     if is_v1_module(module):
         sys.modules[module.__name__] = module  # Verifiers imports its taskset by name
-        return VerifiersV1Env(module, **settings)
+        return VerifiersV1Env(module, **settings, window=window)
     return VerifiersEnv(module, **settings)
 
 
@@ -424,7 +426,7 @@ def _client_class(Client, vf):
 
 
 def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                     num_groups=None, timeout=60.0, python=None):
+                     num_groups=None, timeout=60.0, python=None, window=ENDLESS_WINDOW):
     """A Verifiers environment behind the guard (guard.py): `timeout` seconds a call (a step, with
     its reward functions and tools) may take before its episode scores 0 (metric `timeout`);
     `python`: the interpreter its worker runs (a venv with the verifiers the environment needs)."""
@@ -433,7 +435,7 @@ def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
                          "verifiers, e.g. .venv-vf/bin/python)")
     kwargs = {"id": id, "path": os.path.abspath(path) if isinstance(path, str) else path,
               "args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
-              "num_groups": num_groups}
+              "num_groups": num_groups, "window": window}
     # a v1 step runs Verifiers' chat loop, interception and scoring: up to 0.1 s of CPU here, so
     # past its turn's spent limit a step keeps 0.25 s of CPU (guard.FLOOR_CPU fits lighter ones)
     return Guarded("env_verifiers:open_environment", kwargs, timeout=timeout, python=python,

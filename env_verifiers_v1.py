@@ -43,6 +43,9 @@ import types
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)  # Hermes/Qwen3 text tool calls
 HARNESS = "rlenvs_inprocess_null"  # the module name our in-process chat harness registers as
 DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of its own (both APIs)
+# an endless Taskset's examples start among its first ENDLESS_WINDOW tasks (env_args "window"):
+# a run draws from that many, so its rows are the same whatever the step, the process or a resume
+ENDLESS_WINDOW = 4096
 
 
 def start_row(seed, n_rows, num_groups):
@@ -104,19 +107,24 @@ class Episode:
 
 class VerifiersV1Env:
     def __init__(self, module, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                 num_groups=None):
+                 num_groups=None, window=ENDLESS_WINDOW):
         vf = self.vf = import_v1()
         _register_harness(vf)
         self.env = self._build(vf, module, args or {}, max_turns)
+        taskset, self.window = self.env.taskset, window
+        # an endless Taskset (INFINITE: load() a generator that never ends) is read as far as
+        # the run's examples reach; a finite one is read whole, and checked, here
+        self.endless = not getattr(taskset, "bounded", not getattr(taskset, "INFINITE", False))
+        self.tasks, self.system_prompt = [], None
         outer = random.getstate()
         random.seed(dataset_seed)  # a load() drawing from the global random: the same tasks
-        try:
-            self.tasks = list(self.env.taskset)
-        finally:
-            random.setstate(outer)
+        self.random = random.getstate()
+        random.setstate(outer)
+        self.reading = self._seeded(iter, taskset)  # calls load(): a list is built, a generator not
+        while self._read() and not self.endless:  # endless: its first task only, for now
+            pass
         if not self.tasks:
             raise ValueError(f"{module.__name__}: its Taskset loaded no tasks")
-        self.system_prompt = self._check_tasks()
         seat = next(iter(self._seats(self.env.config).values()))
         self.max_turns, self.num_groups = seat.max_turns, num_groups or 1
         task = self.tasks[0]
@@ -194,29 +202,48 @@ class VerifiersV1Env:
                    for tool in self.loop.run_until_complete(_mcp_server(toolset).list_tools())]
         return schemas or None
 
-    def _check_tasks(self):
-        """The tasks' one system prompt; ValueError for what the policy cannot be given."""
-        systems = set()
-        for i, task in enumerate(self.tasks):
-            data = task.data
-            why = ("its prompt is not text" if not isinstance(data.prompt, str) else
-                   "it runs in a container image" if data.image else
-                   "it asks a hosted judge" if task.plugged_judges() else None)
-            if why:
-                raise ValueError(f"task {i} cannot run here: {why}")
-            systems.add(data.system_prompt or "")
-        if len(systems) > 1:
-            raise ValueError(f"the tasks have {len(systems)} different system prompts: "
-                             "only one is supported")
-        return systems.pop()
+    def _seeded(self, read, *args):
+        """read(*args) under the Taskset's own random state: the same tasks in every process,
+        whatever else drew from the global random between two reads."""
+        outer = random.getstate()
+        random.setstate(self.random)
+        try:
+            return read(*args)
+        finally:
+            self.random = random.getstate()
+            random.setstate(outer)
+
+    def _read(self):
+        """Read and check the Taskset's next task (False where it has no more); ValueError for
+        what the policy cannot be given."""
+        task = self._seeded(next, self.reading, None)
+        if task is None:
+            return False
+        data, i = task.data, len(self.tasks)
+        why = ("its prompt is not text" if not isinstance(data.prompt, str) else
+               "it runs in a container image" if data.image else
+               "it asks a hosted judge" if task.plugged_judges() else
+               "its system prompt is not the first task's: only one is supported"
+               if self.tasks and (data.system_prompt or "") != self.system_prompt else None)
+        if why:
+            raise ValueError(f"task {i} cannot run here: {why}")
+        self.system_prompt = data.system_prompt or ""
+        self.tasks.append(task)
+        return True
 
     # ------------------------------------------------------------------------- the contract
 
     def examples(self, n, seed=0):
+        if self.endless:  # n consecutive tasks from the first `window`: read when first played
+            start = start_row(seed, self.window, self.num_groups)
+            return [{"seed": seed, "row": start + i} for i in range(n)]
         start = start_row(seed, len(self.tasks), self.num_groups)
         return [{"seed": seed, "row": (start + i) % len(self.tasks)} for i in range(n)]
 
     def reset(self, example):
+        while len(self.tasks) <= example["row"]:
+            if not self._read():
+                raise ValueError(f"its endless Taskset ended after {len(self.tasks)} tasks")
         episode = Episode(self.tasks[example["row"]])
 
         def minted(trace):

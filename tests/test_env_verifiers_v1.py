@@ -5,6 +5,7 @@ its own, made here with uv (about 10 s the first time, then reused: .venv-vf04).
 junk replies, what is refused and why, and rl.py / eval.py on a single-turn and a multi-turn environment."""
 import difflib
 import json
+import random
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ PYTHON = VENV / "bin" / "python"
 REVERSE = str(ROOT / "docs" / "vf_v1_reverse.py")
 GUESS = str(ROOT / "tests" / "vf_v1" / "v1_guess.py")
 CALC = str(ROOT / "tests" / "vf_v1" / "v1_calc.py")
+ENDLESS = str(ROOT / "tests" / "vf_v1" / "v1_endless.py")
 
 
 def has_verifiers_04():
@@ -107,6 +109,33 @@ def test_v1_runs_on_verifiers_031_too():
         similarity = difflib.SequenceMatcher(None, word[:-1][::-1], word[::-1]).ratio()
         assert env.rewards(state) == pytest.approx({"similarity": similarity, "formatted": 1.0})
         assert total_reward(env, env.rewards(state)) == pytest.approx(verifiers_reward(env.describe(state)))
+
+
+def test_an_endless_taskset_is_read_as_far_as_the_examples_reach(python):
+    """INFINITE, load() a generator drawing from the global random: its examples start among the first
+    ENDLESS_WINDOW tasks, each task read when first played, under the Taskset's own random state (the trainer's
+    draws between two reads change no task), the same in a guard's worker on verifiers 0.4.0."""
+    sys.path.insert(0, str(ROOT / "tests" / "vf_v1"))
+    from v1_endless import draw
+    env = ev.open_environment(path=ENDLESS)  # 0.3.1's verifiers.v1, in this process
+    assert env.endless and len(env.tasks) == 1
+    rng = random.Random(0)  # dataset_seed 0: the global random as load() finds it
+    expected = [draw(rng, 99) for _ in range(ev.ENDLESS_WINDOW + 8)]
+    firsts = {}
+    for seed in (3, 7):
+        examples = env.examples(8, seed)
+        rows = [x["row"] for x in examples]
+        assert rows == list(range(rows[0], rows[0] + 8)) and rows[0] < ev.ENDLESS_WINDOW
+        for x in examples:
+            random.random()
+            _, firsts[x["row"]] = env.reset(x)
+            assert firsts[x["row"]] == "What is {} + {}?".format(*expected[x["row"]])
+    assert len(env.tasks) == max(firsts) + 1
+    worker = ev.load_environment(path=ENDLESS, python=python)
+    try:
+        assert {x["row"]: worker.reset(x)[1] for s in (7, 3) for x in worker.examples(8, s)} == firsts
+    finally:
+        worker.close()
 
 
 def bisect(env, row, high=8):
@@ -272,9 +301,9 @@ def test_what_cannot_run_is_refused_with_the_reason(python, tmp_path):
 
 
 def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, torch_single_thread, reverse):
-    """rl.py 2 steps on each (single-turn, multi-turn, a tool; its last step evaluates); eval.py on each: its
+    """rl.py 2 steps on each (single-turn, multi-turn, a tool, endless; its last step evaluates); eval.py on each: its
     episodes are the rows our own instance deals for the same seed (the same tasks in every process)."""
-    for name, path in (("reverse", REVERSE), ("guess", GUESS), ("calc", CALC)):
+    for name, path in (("reverse", REVERSE), ("guess", GUESS), ("calc", CALC), ("endless", ENDLESS)):
         env_args = json.dumps({"path": path, "python": python})
         out = run_main("rl", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "--batch", "4",
                               "--group", "2", "--steps", "2", "--max_new_tokens", "8", "--eval_every", "0",
@@ -283,7 +312,7 @@ def test_rl_and_eval_run_on_v1_environments(python, tiny_model_dir, tmp_path, to
         out = run_main("eval", ["--model", tiny_model_dir, "--env", "verifiers", "--env_args", env_args, "-n", "3",
                                 "--max_new_tokens", "8", "--seed", "5", "--out", str(tmp_path / name / "eval")])
         assert "error_rate" in out and "reward" in out
-        assert any(f"mean_{m}" in out for m in ("reply_chars", "guesses", "calls"))
+        assert name == "endless" or any(f"mean_{m}" in out for m in ("reply_chars", "guesses", "calls"))
     episodes = [json.loads(line) for line in open(next((tmp_path / "reverse" / "eval").rglob("*.jsonl")))]
     firsts = sorted(e["messages"][1]["content"] for e in episodes if "messages" in e)
     ours = sorted(reverse.reset(ex)[1] for ex in reverse.examples(3, seed=5))
