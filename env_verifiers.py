@@ -54,8 +54,8 @@ import signal
 import sys
 import time
 
-from env_verifiers_v1 import (DEFAULT_MAX_TURNS, ENDLESS_WINDOW, VerifiersV1Env, is_v1_module,
-                              parse_tool_calls, start_row)
+from env_verifiers_v1 import (DEFAULT_MAX_TURNS, ENDLESS_WINDOW, NAME_A_JUDGE, VerifiersV1Env,
+                              is_v1_module, parse_tool_calls, start_row)
 from guard import Guarded, import_source
 
 SUPPORTED = ("verifiers>=0.1.14,<0.4 (checked with 0.1.14, 0.2.0 and 0.3.1; "
@@ -107,9 +107,35 @@ def rubric_functions(rubric):
             for f, w in zip(rubric.funcs, rubric.weights)]
 
 
-def has_judge(rubric, vf):
-    return (isinstance(rubric, vf.JudgeRubric)
-            or any(has_judge(r, vf) for r in getattr(rubric, "rubrics", [])))
+def judge_rubrics(rubric, vf):
+    """The JudgeRubrics of a rubric, through RubricGroups."""
+    return ([rubric] if isinstance(rubric, vf.JudgeRubric) else
+            [j for r in getattr(rubric, "rubrics", []) for j in judge_rubrics(r, vf)])
+
+
+def named_judge(api_base, model, api_key_var, timeout):
+    """The judge a user names in env_args ({"base_url", "model", "api_key_var", "timeout"}), or
+    None where none is; ValueError saying what to change."""
+    if (api_base, model, api_key_var) == (None, None, None):
+        return None
+    if not (isinstance(api_base, str) and api_base.startswith(("http://", "https://"))
+            and isinstance(model, str) and model):
+        raise ValueError(f"judge_api_base={api_base!r}, judge_model={model!r}: a judge is an "
+                         "OpenAI-compatible server's URL and the model it serves, e.g. "
+                         '{"judge_api_base": "http://localhost:8000/v1", "judge_model": "qwen3"}')
+    if api_key_var is not None and not (isinstance(api_key_var, str) and api_key_var in os.environ):
+        raise ValueError(f"judge_api_key_var={api_key_var!r}: no such environment variable is "
+                         "set (it names the variable that holds the judge's API key)")
+    return {"base_url": api_base, "model": model, "api_key_var": api_key_var, "timeout": timeout}
+
+
+def judge_client(judge):
+    """An OpenAI client for the named judge: one retry, each call at most the guard's timeout
+    (the guard interrupts it there anyway; the error is then the client's, not a kill)."""
+    from openai import AsyncOpenAI
+    key = os.environ.get(judge["api_key_var"] or "", "") or "EMPTY"  # a local server needs none
+    return AsyncOpenAI(base_url=judge["base_url"], api_key=key, timeout=judge["timeout"],
+                       max_retries=1)
 
 
 def pre_018_api(cls):
@@ -152,7 +178,7 @@ class ErrorLog(logging.Handler):
 
 
 def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                     num_groups=None, window=ENDLESS_WINDOW):
+                     num_groups=None, window=ENDLESS_WINDOW, judge=None):
     """The guard worker's factory: the environment module's generation decides its adapter, a v1
     one (it exports a vf.Taskset: env_verifiers_v1.py) or a classic one (load_environment)."""
     import_verifiers(classic=False)
@@ -169,7 +195,7 @@ def open_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DE
                              f"{int(name != 'dataset_seed')}")
     module = environment_module(id, path)
     settings = {"args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
-                "num_groups": num_groups}
+                "num_groups": num_groups, "judge": judge}
     if is_v1_module(module):
         sys.modules[module.__name__] = module  # Verifiers imports its taskset by name
         return VerifiersV1Env(module, **settings, window=window)
@@ -210,9 +236,9 @@ def _import_classic_aware(where):
 
 class VerifiersEnv:
     def __init__(self, module, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                 num_groups=None):
+                 num_groups=None, judge=None):
         vf, Client = import_verifiers()
-        self.vf = vf
+        self.vf, self.judge = vf, judge
         load = getattr(module, "load_environment", None)
         if not callable(load):
             raise ValueError(f"{module.__name__} has no load_environment() function and exports "
@@ -222,6 +248,9 @@ class VerifiersEnv:
             args.setdefault("num_groups", num_groups)
         self.env = self._build(load, args, dataset_seed)
         self._refuse_what_cannot_run()
+        for rubric in judge_rubrics(self.env.rubric, vf) if judge else ():  # the judge named
+            rubric.judge_client, rubric.judge_model = judge_client(judge), judge["model"]
+            rubric.class_objects.update(judge_client=rubric.judge_client, judge_model=judge["model"])
         dataset = (self.env.get_dataset() if self.env.dataset is not None
                    else self.env.get_eval_dataset())
         self.rows = dataset.to_list()
@@ -256,6 +285,11 @@ class VerifiersEnv:
         outer, outer_np = random.getstate(), np.random.get_state()
         random.seed(dataset_seed)
         np.random.seed(dataset_seed)
+        # a JudgeRubric builds its OpenAI client as it is made, which fails without a key: its
+        # calls go to the judge named in env_args, or it is refused, so a placeholder does
+        no_key = "OPENAI_API_KEY" not in os.environ
+        if no_key:
+            os.environ["OPENAI_API_KEY"] = "unused: the judge named in env_args is asked"
         try:
             return load(**args)
         finally:
@@ -263,6 +297,8 @@ class VerifiersEnv:
             np.random.set_state(outer_np)
             for s, h in handlers.items():
                 signal.signal(s, h)
+            if no_key:
+                del os.environ["OPENAI_API_KEY"]
 
     def _refuse_what_cannot_run(self):
         vf, env = self.vf, self.env
@@ -278,7 +314,8 @@ class VerifiersEnv:
                if names & {"SandboxEnv", "PythonEnv", "CliAgentEnv"} else
                "its rubric has group reward functions (rewards of a whole group at once)"
                if env.rubric.has_group_rewards else
-               "its rubric asks a judge model over the network" if has_judge(env.rubric, vf) else
+               f"its rubric asks a judge model: {NAME_A_JUDGE}"
+               if judge_rubrics(env.rubric, vf) and self.judge is None else
                "it has few-shot prompts" if env.few_shot else None)
         if why:
             raise ValueError(f"this Verifiers environment cannot run here: {why}")
@@ -426,16 +463,19 @@ def _client_class(Client, vf):
 
 
 def load_environment(id=None, path=None, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                     num_groups=None, timeout=60.0, python=None, window=ENDLESS_WINDOW):
+                     num_groups=None, timeout=60.0, python=None, window=ENDLESS_WINDOW,
+                     judge_api_base=None, judge_model=None, judge_api_key_var=None):
     """A Verifiers environment behind the guard (guard.py): `timeout` seconds a call (a step, with
-    its reward functions and tools) may take before its episode scores 0 (metric `timeout`);
-    `python`: the interpreter its worker runs (a venv with the verifiers the environment needs)."""
+    its reward functions, tools and judge) may take before its episode scores 0 (metric
+    `timeout`); `python`: the interpreter its worker runs (a venv with the verifiers the
+    environment needs); judge_*: the judge its judge rubrics or v1 judges ask instead of theirs."""
     if python is not None and not (isinstance(python, str) and os.access(python, os.X_OK)):
         raise ValueError(f"python={python!r}: not an executable (the interpreter of a venv with "
                          "verifiers, e.g. .venv-vf/bin/python)")
     kwargs = {"id": id, "path": os.path.abspath(path) if isinstance(path, str) else path,
               "args": args, "dataset_seed": dataset_seed, "max_turns": max_turns,
-              "num_groups": num_groups, "window": window}
+              "num_groups": num_groups, "window": window,
+              "judge": named_judge(judge_api_base, judge_model, judge_api_key_var, timeout)}
     # a v1 step runs Verifiers' chat loop, interception and scoring: up to 0.1 s of CPU here, so
     # past its turn's spent limit a step keeps 0.25 s of CPU (guard.FLOOR_CPU fits lighter ones)
     return Guarded("env_verifiers:open_environment", kwargs, timeout=timeout, python=python,

@@ -46,6 +46,8 @@ DEFAULT_MAX_TURNS = 16  # the cut-off for an environment with no turn limit of i
 # an endless Taskset's examples start among its first ENDLESS_WINDOW tasks (env_args "window"):
 # a run draws from that many, so its rows are the same whatever the step, the process or a resume
 ENDLESS_WINDOW = 4096
+NAME_A_JUDGE = ("name one in env_args: judge_api_base (an OpenAI-compatible server), judge_model "
+                "and, where it needs a key, judge_api_key_var (the variable that holds it)")
 
 
 def start_row(seed, n_rows, num_groups):
@@ -107,9 +109,12 @@ class Episode:
 
 class VerifiersV1Env:
     def __init__(self, module, args=None, dataset_seed=0, max_turns=DEFAULT_MAX_TURNS,
-                 num_groups=None, window=ENDLESS_WINDOW):
+                 num_groups=None, window=ENDLESS_WINDOW, judge=None):
         vf = self.vf = import_v1()
         _register_harness(vf)
+        self.judge = judge
+        if judge:
+            _rebase_judges(vf, judge)
         self.env = self._build(vf, module, args or {}, max_turns)
         taskset, self.window = self.env.taskset, window
         # an endless Taskset (INFINITE: load() a generator that never ends) is read as far as
@@ -220,9 +225,12 @@ class VerifiersV1Env:
         if task is None:
             return False
         data, i = task.data, len(self.tasks)
+        judges = [type(j).__name__ for j in task.plugged_judges()]
         why = ("its prompt is not text" if not isinstance(data.prompt, str) else
                "it runs in a container image" if data.image else
-               "it asks a hosted judge" if task.plugged_judges() else
+               f"it asks a judge: {NAME_A_JUDGE}" if judges and not self.judge else
+               "its DecisionJudge posts to Prime's evaluations API, which a chat server does not "
+               "serve" if "DecisionJudge" in judges else
                "its system prompt is not the first task's: only one is supported"
                if self.tasks and (data.system_prompt or "") != self.system_prompt else None)
         if why:
@@ -319,6 +327,24 @@ class VerifiersV1Env:
         return (f"stop: {trace.stop_condition if trace else None}, reward "
                 f"{trace.reward if trace else None}"
                 + (f", error: {errors[0].type}: {errors[0].message}"[:500] if errors else ""))
+
+
+def _rebase_judges(vf, judge):
+    """Every vf.Judge the environment builds (plugged in its TaskConfig, or made in its own
+    reward code) asks the judge named in env_args: its endpoint, key variable and model."""
+    if not hasattr(vf, "Judge") or getattr(vf.Judge.__init__, "rebased", False):
+        return
+    init = vf.Judge.__init__
+
+    def rebased(self, config=None):
+        init(self, config)
+        update = {"base_url": judge["base_url"], "model": judge["model"],
+                  "api_key_var": judge["api_key_var"] or "RLENVS_NO_KEY"}  # unset: key "EMPTY"
+        if hasattr(self.config, "timeout"):  # 0.4's (0.3's waits until the guard interrupts it)
+            update["timeout"] = self.config.timeout.model_copy(update={"read": judge["timeout"]})
+        self.config = self.config.model_copy(update=update)
+    rebased.rebased = True
+    vf.Judge.__init__ = rebased
 
 
 def _plain(message):

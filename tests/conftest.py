@@ -255,3 +255,23 @@ def run_python_within():
         assert proc.returncode == 0, proc.stderr
         return proc
     return run
+
+
+@pytest.fixture(scope="session")
+def vf04_python():
+    """The interpreter of a venv with verifiers 0.4.0, for v1 environments (the two generations cannot share one
+    installation): made with uv (requirements-test.txt) once, then reused: .venv-vf04. A lock keeps two test
+    processes from making it at once."""
+    import fcntl
+    import subprocess
+    import tempfile
+    venv = ROOT / ".venv-vf04"
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"]
+    with open(os.path.join(tempfile.gettempdir(), "rlenvs-venv-vf04.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (python.exists() and subprocess.run(check, capture_output=True).returncode == 0):
+            uv = [sys.executable, "-m", "uv"]
+            subprocess.run(uv + ["venv", "-q", "--allow-existing", str(venv)], check=True)
+            subprocess.run(uv + ["pip", "install", "-q", "--python", str(python), "verifiers==0.4.0"], check=True)
+    return str(python)

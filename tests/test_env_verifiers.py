@@ -217,13 +217,13 @@ REFUSED = {
                      "group reward functions"),
     "few-shot": ("def g(completion, **kw):\n    return 1.0\n", "rubric=vf.Rubric(funcs=[g]), few_shot=[{'role': "
                  "'user', 'content': 'a'}, {'role': 'assistant', 'content': 'b'}]", "few-shot"),
-    "judge": ("", "rubric=vf.JudgeRubric()", "judge"),
+    "judge": ("", "rubric=vf.JudgeRubric()", "its rubric asks a judge model: name one in env_args: judge_api_base"),
 }
 
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_what_cannot_run_is_refused_at_load(tmp_path, monkeypatch, case):
-    monkeypatch.setenv("OPENAI_API_KEY", "unused")  # a JudgeRubric builds its API client when it is made
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # a JudgeRubric builds its client when it is made
     head, build, why = REFUSED[case]
     path = tmp_path / "refused.py"
     path.write_text("import verifiers as vf\nfrom datasets import Dataset\n" + head +
@@ -244,6 +244,19 @@ def test_an_environment_on_the_api_before_0_1_8_is_refused_in_one_line(variant, 
     message = str(e.value)
     assert "\n" not in message and re.search(f"verifiers 0.1.7 and older \\({what}\\).*port it", message)
     assert ev.open_environment(path=str(ENVS / "vf_old_api.py"), args={"variant": "ported"}).rows
+
+
+def test_a_judge_is_named_by_its_server_and_model_and_its_key_must_be_set(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    for api_base, model, key_var, why in (("localhost:8000/v1", "m", None, "a judge is an OpenAI-compatible"),
+                                          ("http://localhost:8000/v1", None, None, "a judge is an OpenAI-compatible"),
+                                          ("http://localhost:8000/v1", "m", "NO_SUCH_KEY_VAR", "no such environment")):
+        with pytest.raises(ValueError, match=why):
+            ev.named_judge(api_base, model, key_var, 30.0)
+    monkeypatch.setenv("JUDGE_KEY", "k")
+    judge = ev.named_judge("http://localhost:8000/v1", "m", "JUDGE_KEY", 30.0)
+    assert judge == {"base_url": "http://localhost:8000/v1", "model": "m", "api_key_var": "JUDGE_KEY", "timeout": 30.0}
+    assert ev.judge_client(judge).api_key == "k" and ev.named_judge(None, None, None, 30.0) is None
 
 
 def test_verifiers_without_the_classic_api_says_which_version(monkeypatch):

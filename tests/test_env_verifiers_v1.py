@@ -1,13 +1,12 @@
 """Verifiers v1 environments (verifiers 0.4.0; env_verifiers_v1.py) beside the classic ones (0.3.1, this
 process's): the two generations cannot share one installation, so the v1 leg runs its guard workers in a venv of
-its own, made here with uv (about 10 s the first time, then reused: .venv-vf04). Rewards equal Verifiers' own
+its own (conftest.vf04_python: made with uv, about 10 s the first time, then reused). Rewards equal Verifiers' own
 (its trace's reward) and this file's own reading of the environments (weights included), @vf.stop and max_turns,
-junk replies, what is refused and why, and rl.py / eval.py on a single-turn and a multi-turn environment."""
+junk replies, what is refused and why, an endless Taskset, and rl.py / eval.py on each kind of environment."""
 import difflib
 import json
 import random
 import re
-import subprocess
 import sys
 import time
 
@@ -17,28 +16,15 @@ import env_verifiers as ev
 from conftest import ROOT, run_main
 from sample import total_reward
 
-VENV = ROOT / ".venv-vf04"
-PYTHON = VENV / "bin" / "python"
 REVERSE = str(ROOT / "docs" / "vf_v1_reverse.py")
 GUESS = str(ROOT / "tests" / "vf_v1" / "v1_guess.py")
 CALC = str(ROOT / "tests" / "vf_v1" / "v1_calc.py")
 ENDLESS = str(ROOT / "tests" / "vf_v1" / "v1_endless.py")
 
 
-def has_verifiers_04():
-    return PYTHON.exists() and subprocess.run(
-        [str(PYTHON), "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"],
-        capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="module")
-def python():
-    """The venv with verifiers 0.4.0 (uv, from requirements-test.txt): made once, then reused."""
-    if not has_verifiers_04():
-        uv = [sys.executable, "-m", "uv"]
-        subprocess.run(uv + ["venv", "-q", "--allow-existing", str(VENV)], check=True)
-        subprocess.run(uv + ["pip", "install", "-q", "--python", str(PYTHON), "verifiers==0.4.0"], check=True)
-    return str(PYTHON)
+def python(vf04_python):
+    return vf04_python
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import torch
 from conftest import ROOT
 
 import common  # noqa: E402
+import env_verifiers as ev  # noqa: E402
 import eval as eval_mod  # noqa: E402
 from conftest import QWEN3_STYLE_TEMPLATE  # noqa: E402
 from sample import HFPolicy  # noqa: E402
@@ -123,3 +124,29 @@ def test_a_wrong_model_name_shows_the_servers_reason(server, monkeypatch, tmp_pa
     said = str(e.value)
     assert "API error 400" in said and f"Server is pinned to '{name}'; requested 'no-such-model'" in said, said
     assert "--model must be the name the server serves" in said and "\n" not in said
+
+
+V1_JUDGE = {"task": {"judges": [{"id": "reference", "answer_field": "total", "choices": ["5", "4"],
+                                  "sampling": {"temperature": 0.0, "max_tokens": 16}}]}}
+
+
+def test_judges_ask_the_server_named_in_env_args(server, vf04_python):
+    """A classic JudgeRubric (verifiers 0.3.1, this process's) and a v1 reference judge plugged into the Task's
+    config (verifiers 0.4.0, in its venv), each in the guard's worker, ask the served model, whose verdict
+    `<move>5</move>` is "yes" to both. A judge that fails (a model the server does not serve) costs its episode,
+    an error; the next episode is scored again."""
+    base, name, _ = server
+    cases = [(ROOT / "tests" / "verifiers_envs" / "vf_judge.py", None, None, "judged"),
+             (ROOT / "tests" / "vf_v1" / "v1_endless.py", V1_JUDGE, vf04_python, "reference")]
+    for path, args, python, reward in cases:
+        judged, failing = (ev.load_environment(path=str(path), args=args, python=python, judge_api_base=base,
+                                               judge_model=model, timeout=30) for model in (name, "no-such-model"))
+        try:
+            for env, verdict in ((judged, 1.0), (failing, 0.0), (judged, 1.0)):
+                state, _ = env.reset(env.examples(1, seed=2)[0])
+                assert env.step(state, "<answer>8</answer>") is None
+                assert env.rewards(state)[reward] == verdict, env.describe(state)
+                assert env.metrics(state)["error"] == float(verdict == 0), env.describe(state)
+        finally:
+            judged.close()
+            failing.close()

@@ -36,7 +36,7 @@ class SumTaskset(vf.Taskset[SumTask, SumConfig]):
         while True:
             a, b = draw(random, self.config.high)
             yield SumTask(SumData(prompt=f"What is {a} + {b}?", system_prompt="Answer in <answer>.",
-                                  total=a + b))
+                                  total=a + b), self.config.task)
 
 
 __all__ = ["SumTaskset"]
