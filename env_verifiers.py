@@ -36,12 +36,17 @@ one tool message.
 Rewards: each rubric function by its own name with the rubric's weight (`reward_weights`);
 weight-0 functions are metrics, named n_NAME (values, not rates: eval.py prints mean_NAME), with
 `error` (1 where Verifiers recorded an error, or a reward
-function or tool raised: Verifiers scores those 0 and logs them). Refused at load, with the
-reason: group reward functions, few-shot prompts, judge rubrics (a network model), sandboxes,
-environment groups, prompts that are not [system, user] text, and verifiers outside 0.1.14-0.3.x
-(0.4 keeps only its v1 API). It runs behind guard.py like every third-party environment: a hung
-reward function or tool costs its episode (metric `timeout`), never the run; the library's signal
-handlers, atexit hooks and process pools stay in the guard's worker.
+function or tool raised: Verifiers scores those 0 and logs them). Judges (a JudgeRubric; v1's
+vf.Judge): they ask the judge named in env_args, `judge_api_base` (an OpenAI-compatible server),
+`judge_model` and `judge_api_key_var` (the variable holding its key, where it needs one), from the
+guard's worker: a judge's calls count in their step's limit, and a judge that fails costs its
+episode (`error`). Refused at load, with the reason: judges where none is named, group reward
+functions, few-shot prompts, sandboxes, environment groups, prompts that are not [system, user]
+text, environments on the API before verifiers 0.1.8 (`is_completed(messages, state)`), and
+verifiers outside 0.1.14-0.3.x (0.4 keeps only its v1 API). Every load failure is one line
+(load_env's SystemExit), never a traceback. It runs behind guard.py like every third-party
+environment: a hung reward function or tool costs its episode (metric `timeout`), never the run;
+the library's signal handlers, atexit hooks and process pools stay in the guard's worker.
 """
 import asyncio
 import contextvars

@@ -23,8 +23,10 @@ chat template, and a reply's <tool_call> blocks become the assistant message's t
 Nothing is sent anywhere: the seat runs in the local `subprocess` runtime, the model is our policy
 and no result is pushed. Refused at load, with the reason: a seat pinned to another harness (`bash`
 and the coding agents run programs), to a sandbox runtime or to a model of its own, several seats,
-hosted judges, tasks in container images, remote or sandboxed tool servers, and prompts that are
-not text with one system prompt for all tasks.
+judges where none is named in env_args (env_verifiers.py: judge_api_base, judge_model; Prime's
+DecisionJudge always), tasks in container images, remote or sandboxed tool servers, and prompts
+that are not text with one system prompt for all tasks. An endless Taskset (INFINITE) is read as
+far as the run's examples reach, never whole (`window`).
 """
 import asyncio
 import contextlib
