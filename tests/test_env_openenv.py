@@ -248,3 +248,23 @@ def test_what_cannot_run_is_refused_in_one_line(python, tmp_path):
         with pytest.raises(SystemExit) as refused:
             common.load_env("openenv", {"python": python, **env_args})
         assert why in str(refused.value) and "\n" not in str(refused.value), (env_args, str(refused.value))
+
+
+def test_rl_and_eval_run_on_each(python, tiny_model_dir, tmp_path, torch_single_thread, qa):
+    """rl.py 2 steps (its last evaluates) and eval.py on each environment (max_turns 3: the tiny model's replies are
+    junk to the tool ones); eval's episodes are the ones our own instance deals for the same seed."""
+    for name, env_args in (("qa", {"path": QA, "id": "SumEnvironment"}), ("guess", {"path": GUESS}),
+                           ("lookup", {"path": LOOKUP})):
+        env_args = json.dumps({**env_args, "python": python, "max_turns": 3})
+        out = run_main("rl", ["--model", tiny_model_dir, "--env", "openenv", "--env_args", env_args, "--batch", "4",
+                              "--group", "2", "--steps", "2", "--max_new_tokens", "8", "--eval_every", "0",
+                              "--eval_n", "2", "--out", str(tmp_path / name / "rl")])
+        assert "step 2 |" in out and "step 2 | eval_" in out
+        out = run_main("eval", ["--model", tiny_model_dir, "--env", "openenv", "--env_args", env_args, "-n", "3",
+                                "--max_new_tokens", "8", "--seed", "5", "--out", str(tmp_path / name / "eval")])
+        summary = json.load(open(tmp_path / name / "eval" / "summary.json"))
+        assert summary["n"] == 3 and {"reward_reward", "mean_invalid", "mean_steps", "cut_off_rate"} <= set(summary)
+        assert summary["error_rate"] == 0 and (name == "qa" or summary["mean_invalid"] > 0)
+    episodes = [json.loads(line) for line in open(next((tmp_path / "qa" / "eval").rglob("*.jsonl")))]
+    firsts = sorted(e["messages"][1]["content"] for e in episodes if "messages" in e)
+    assert firsts == sorted(qa.reset(ex)[1] for ex in qa.examples(3, seed=5))
