@@ -95,7 +95,7 @@ def open_environment(id=None, path=None, args=None, split=None, system_prompt=No
         return OpenEnv(cls, args or {}, split, system_prompt, max_turns)
     except ValueError:
         raise
-    except Exception as e:  # the library's own failure at load (a constructor, list_tools): one line
+    except Exception as e:  # the library's failure at load (a constructor, list_tools): one line
         raise ValueError(f"{cls.__name__} failed to load: {type(e).__name__}: "
                          f"{str(e).strip()}".replace("\n", "; ")) from None
 
@@ -190,13 +190,17 @@ class OpenEnv:
         self.action = self.mcp.CallToolAction if self.is_mcp else action_class(
             cls, Environment, Action)
         if self.action is None:
-            raise ValueError(f"{self.name} declares no Action class: subclass it as Environment"
-                             "[MyAction, MyObservation, MyState] or annotate step(action: MyAction)")
-        fields = {k: f for k, f in self.action.model_fields.items() if k != "metadata"}
-        self.text_field = next(iter(fields)) if len(fields) == 1 and \
-            next(iter(fields.values())).annotation is str and not self.is_mcp else None
-        self.tools = self._list_tools(probe) if self.is_mcp else None if self.text_field else [
-            self._tool(self.action.__name__, self.action.__doc__, self.action.model_json_schema())]
+            raise ValueError(f"{self.name} declares no Action class: subclass Environment"
+                             "[MyAction, MyObservation, MyState] or annotate its step's action")
+        fields = {k: f.annotation for k, f in self.action.model_fields.items() if k != "metadata"}
+        self.text_field = next(iter(fields)) if list(fields.values()) == [str] else None
+        if self.is_mcp:
+            self.tools = self._list_tools(probe)
+        elif self.text_field:
+            self.tools = None
+        else:
+            self.tools = [self._tool(self.action.__name__, self.action.__doc__,
+                                     self.action.model_json_schema())]
         self.tasks = self._tasks(probe, split)
         description = probe.get_metadata().description
         hint = (" Act by calling a tool: <tool_call>{\"name\": ..., \"arguments\": {...}}"
@@ -249,13 +253,15 @@ class OpenEnv:
 
     def _refuse_nondeterminism(self):
         example = self.examples(1, seed=0)[0]
-        first, again = (self.reset(example)[1] for _ in range(2))
+        (one, first), (two, again) = self.reset(example), self.reset(example)
+        self._close(one)
+        self._close(two)
         if first != again:
             raise ValueError(
-                f"{self.name} is not deterministic: two resets with the same seed (python's random "
-                "and numpy seeded alike) began differently, so its episodes cannot be replayed; "
-                f"draw from its seed, not a private or system RNG ({first[:80]!r} then "
-                f"{again[:80]!r})")
+                f"{self.name} is not deterministic: two resets with the same seed (python's "
+                "random and numpy seeded alike) began differently, so its episodes cannot be "
+                "replayed; draw from its seed, not a private or system RNG "
+                f"({first[:80]!r} then {again[:80]!r})")
 
     @contextlib.contextmanager
     def _seeded(self, state):
@@ -307,12 +313,21 @@ class OpenEnv:
         return state, state["last"]
 
     def step(self, state, reply):
-        if state["done"] or state["cut_off"]:
-            return None
+        messages = [] if state["done"] else self._act(state, str(reply))
+        if not (state["done"] or state["turns"] >= self.max_turns):
+            return messages[0] if len(messages) == 1 else messages
+        state["cut_off"] = not state["done"]
+        self._close(state)
+        return None
+
+    def _act(self, state, reply):
+        """Step the reply's actions until one ends the episode: the messages that answer it."""
         state["turns"] += 1
-        actions, why = self._actions(reply if isinstance(reply, str) else str(reply))
-        messages = [] if actions else [f"(invalid action: {why})"[:SHOWN]]
-        state["invalid"] += not actions
+        actions, why = self._actions(reply)
+        if not actions:
+            state["invalid"] += 1
+            return [f"(invalid action: {why})".replace("\n", "; ")[:SHOWN]]
+        messages = []
         with self._seeded(state):
             for action in actions:
                 observation = state["env"].step(action)
@@ -323,16 +338,14 @@ class OpenEnv:
                 if observation.done:
                     state["done"] = True
                     break
-            state["cut_off"] = not state["done"] and state["turns"] >= self.max_turns
-            if state["done"] or state["cut_off"]:
-                with contextlib.suppress(Exception):  # its cleanup's failure costs no reward
-                    state["env"].close()
-                state["env"] = None
-                return None
-        return messages[0] if len(messages) == 1 else messages
+        return messages
+
+    def _close(self, state):
+        with self._seeded(state), contextlib.suppress(Exception):  # a failed cleanup costs nothing
+            state["env"].close()
 
     def _actions(self, reply):
-        """(the reply's Actions, None) or ([], why not)."""
+        """(the reply's Actions, None), or ([], why not) where one of them cannot be built."""
         if self.text_field:
             try:
                 return [self.action(**{self.text_field: reply})], None
@@ -340,22 +353,22 @@ class OpenEnv:
                 return [], f"{type(e).__name__}: {e}"
         _, calls = parse_tool_calls(reply)
         if not calls:
-            return [], "no <tool_call> block; call one of the tools: " + ", ".join(self.tools_named)
+            return [], f"no <tool_call> block; the tools: {', '.join(self.tools_named)}"
         actions = []
         for call in calls:
+            name = call["name"]
             try:
                 arguments = json.loads(call["arguments"])
-            except ValueError:
-                return [], f"the arguments of {call['name'][:100]!r} are not JSON"
-            if call["name"] not in self.tools_named or not isinstance(arguments, dict):
-                return [], (f"unknown tool {call['name'][:100]!r} (tools: "
-                            f"{', '.join(self.tools_named)})" if isinstance(arguments, dict) else
-                            f"the arguments of {call['name']!r} are not a JSON object")
+                assert isinstance(arguments, dict)
+            except (ValueError, AssertionError):
+                return [], f"the arguments of {name[:100]!r} are not a JSON object"
+            if name not in self.tools_named:
+                return [], f"unknown tool {name[:100]!r} (tools: {', '.join(self.tools_named)})"
             try:
-                actions.append(self.mcp.CallToolAction(tool_name=call["name"], arguments=arguments)
+                actions.append(self.mcp.CallToolAction(tool_name=name, arguments=arguments)
                                if self.is_mcp else self.action.model_validate(arguments))
             except Exception as e:  # noqa: BLE001 (pydantic's ValidationError)
-                return [], f"{call['name']}: {type(e).__name__}: {e}".replace("\n", "; ")
+                return [], f"{name}: {type(e).__name__}: {e}"
         return actions, None
 
     @property
@@ -371,5 +384,5 @@ class OpenEnv:
 
     def describe(self, state):
         end = "done" if state["done"] else "cut off at max_turns" if state["cut_off"] else "live"
-        return (f"{end} after {state['steps']} steps ({state['invalid']} invalid replies), reward "
-                f"{state['reward']:g}; last observation: {state['last']}")[:SHOWN]
+        return (f"{end} after {state['steps']} steps ({state['invalid']} invalid replies), "
+                f"reward {state['reward']:g}; last observation: {state['last']}")[:SHOWN]

@@ -138,8 +138,9 @@ def test_tool_calls_build_a_non_text_action_and_rewards_sum_over_its_steps(guess
     # two calls in one reply: two steps, two tool messages; arguments may come as a JSON string too
     two = call("GuessAction", guess=wrong[0]) + ' and <tool_call>{"name": "GuessAction", "arguments": ' \
         + json.dumps(json.dumps({"guess": wrong[1]})) + "}</tool_call>"
-    said, rewards, metrics = play(guess, example, [two, call("GuessAction", guess=wrong[2]),
-                                                   call("GuessAction", guess=wrong[3]), call("GuessAction", guess=secret)])
+    replies = [two, call("GuessAction", guess=wrong[2]), call("GuessAction", guess=wrong[3]),
+               call("GuessAction", guess=secret)]
+    said, rewards, metrics = play(guess, example, replies)
     assert [m["role"] for m in said[1]] == ["tool", "tool"] and said[2]["role"] == "tool"
     assert said[3:] == [None]  # the 4th wrong guess ends it
     assert rewards["reward"] == pytest.approx(-0.4, abs=1e-12) and metrics["n_steps"] == 4 and metrics["cut_off"] == 0

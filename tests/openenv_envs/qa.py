@@ -1,6 +1,6 @@
-"""A single-step OpenEnv environment with a TaskProvider: answer a sum (a text Action). Its variants
-have no tasks and ignore the seed: one draws its sum from the global `random` (which env_openenv
-seeds), one from the system's entropy, which no seed reaches (refused)."""
+"""A single-step OpenEnv environment with a TaskProvider: answer a sum (a text Action). Its
+variants have no tasks and ignore the seed: one draws its sum from the global `random` (which
+env_openenv seeds), one from the system's entropy, which no seed reaches (refused)."""
 import random
 from typing import Any, Optional
 
@@ -53,7 +53,7 @@ class SumEnvironment(Environment[AnswerAction, QuestionObservation, State]):
 
 
 class GlobalRandomSum(SumEnvironment):
-    list_splits = num_tasks = get_task = None  # no TaskProvider: examples differ by their seed only
+    list_splits = num_tasks = get_task = None  # no TaskProvider: its examples differ by seed only
 
     def pick(self, split, index):
         return random.randint(1, 50), random.randint(1, 50)
