@@ -120,6 +120,31 @@ def run_main(script, argv, env_dir=None):
     return out.getvalue()
 
 
+def play(env, example, replies):
+    """(what the environment said: its first message, then after each reply; rewards, metrics) of one episode given
+    its replies (the ones left after its end are not given)."""
+    state, first = env.reset(example)
+    said = [first]
+    for reply in replies:
+        said.append(env.step(state, reply))
+        if said[-1] is None:
+            break
+    return said, env.rewards(state), env.metrics(state)
+
+
+def uv_venv(venv, distribution, version):
+    """The interpreter of `venv` with distribution==version installed: the venv made with uv (requirements-test.txt)
+    the first time, then reused. CalledProcessError where uv cannot install it."""
+    import subprocess
+    python = venv / "bin" / "python"
+    check = f"import importlib.metadata as m; assert m.version({distribution!r}) == {version!r}"
+    if not (python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0):
+        uv = [sys.executable, "-m", "uv"]
+        subprocess.run(uv + ["venv", "-q", "--allow-existing", str(venv)], check=True)
+        subprocess.run(uv + ["pip", "install", "-q", "--python", str(python), f"{distribution}=={version}"], check=True)
+    return str(python)
+
+
 def poison_loss(monkeypatch, module, name, clean_calls):
     """module.name, a function returning (loss, ...), returns a NaN loss after its first
     clean_calls calls: the trainer's non-finite update, planted."""

@@ -7,41 +7,28 @@ environments (seeded, or refused), what is refused and why, and rl.py / eval.py 
 import json
 import random
 import subprocess
-import sys
 
 import pytest
 
 import common
 import env_openenv as eo
-from conftest import ROOT, run_main
+from conftest import ROOT, play, run_main, uv_venv
 
 VENV = ROOT / ".venv-openenv"
-PYTHON = VENV / "bin" / "python"
 ENVS = ROOT / "tests" / "openenv_envs"
 QA, GUESS, LOOKUP = (str(ENVS / f"{name}.py") for name in ("qa", "guess", "lookup"))
 TRAIN_PAIRS = [(a, b) for a in range(1, 6) for b in range(1, 6)]  # qa.py's train split
 DONE = {"error": 0.0, "timeout": 0.0}  # the guard's metrics of an episode that ran without a failure
 
 
-def has_openenv():
-    return PYTHON.exists() and subprocess.run(
-        [str(PYTHON), "-c", "import importlib.metadata as m; assert m.version('openenv') == '0.10.0'"],
-        capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="module")
 def python():
-    """The venv with openenv 0.10.0 (uv, from requirements-test.txt): made once (about 3 s with uv's cache warm,
-    20 s cold), then reused; the tests skip where uv cannot install it (offline, no cache)."""
-    if not has_openenv():
-        uv = [sys.executable, "-m", "uv"]
-        try:
-            subprocess.run(uv + ["venv", "-q", "--allow-existing", str(VENV)], check=True, capture_output=True)
-            subprocess.run(uv + ["pip", "install", "-q", "--python", str(PYTHON), "openenv==0.10.0"], check=True,
-                           capture_output=True)
-        except (subprocess.CalledProcessError, FileNotFoundError) as e:
-            pytest.skip(f"uv could not install openenv==0.10.0: {getattr(e, 'stderr', e)!s:.300}")
-    return str(PYTHON)
+    """The venv with openenv 0.10.0: made once (about 2-4 s here, uv's cache warm or cold), then reused; the tests
+    skip where uv cannot install it (offline without the cache)."""
+    try:
+        return uv_venv(VENV, "openenv", "0.10.0")
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        pytest.skip(f"uv could not install openenv==0.10.0: {e}")
 
 
 def load(python, path, **kw):
@@ -67,17 +54,6 @@ def lookup(python):
     env = load(python, LOOKUP)
     yield env
     env.close()
-
-
-def play(env, example, replies):
-    """(what the environment said after each reply, rewards, metrics) of one episode; replies after its end unused."""
-    state, first = env.reset(example)
-    said = [first]
-    for reply in replies:
-        said.append(env.step(state, reply))
-        if said[-1] is None:
-            break
-    return said, env.rewards(state), env.metrics(state)
 
 
 def call(name, **arguments):

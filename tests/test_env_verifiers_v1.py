@@ -6,37 +6,24 @@ junk replies, what is refused and why, and rl.py / eval.py on a single-turn and 
 import difflib
 import json
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 
 import env_verifiers as ev
-from conftest import ROOT, run_main
+from conftest import ROOT, run_main, uv_venv
 from sample import total_reward
 
 VENV = ROOT / ".venv-vf04"
-PYTHON = VENV / "bin" / "python"
 REVERSE = str(ROOT / "docs" / "vf_v1_reverse.py")
 GUESS = str(ROOT / "tests" / "vf_v1" / "v1_guess.py")
 CALC = str(ROOT / "tests" / "vf_v1" / "v1_calc.py")
 
 
-def has_verifiers_04():
-    return PYTHON.exists() and subprocess.run(
-        [str(PYTHON), "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"],
-        capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="module")
 def python():
     """The venv with verifiers 0.4.0 (uv, from requirements-test.txt): made once, then reused."""
-    if not has_verifiers_04():
-        uv = [sys.executable, "-m", "uv"]
-        subprocess.run(uv + ["venv", "-q", "--allow-existing", str(VENV)], check=True)
-        subprocess.run(uv + ["pip", "install", "-q", "--python", str(PYTHON), "verifiers==0.4.0"], check=True)
-    return str(PYTHON)
+    return uv_venv(VENV, "verifiers", "0.4.0")
 
 
 @pytest.fixture(scope="module")
