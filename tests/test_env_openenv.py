@@ -227,21 +227,35 @@ def test_what_cannot_run_is_refused_in_one_line(python, tmp_path):
         assert why in str(refused.value) and "\n" not in str(refused.value), (env_args, str(refused.value))
 
 
-def test_rl_and_eval_run_on_each(python, tiny_model_dir, tmp_path, torch_single_thread, qa):
-    """rl.py 2 steps (its last evaluates) and eval.py on each environment (max_turns 3: the tiny model's replies are
-    junk to the tool ones); eval's episodes are the ones our own instance deals for the same seed."""
-    for name, env_args in (("qa", {"path": QA, "id": "SumEnvironment"}), ("guess", {"path": GUESS}),
-                           ("lookup", {"path": LOOKUP})):
+def bisect_guesses(secret):
+    """How many guesses players.py's bisect takes to find `secret`."""
+    low, high, guesses = 1, 8, 1
+    while (low + high) // 2 != secret:
+        low, high = ((low + high) // 2 + 1, high) if (low + high) // 2 < secret else (low, (low + high) // 2 - 1)
+        guesses += 1
+    return guesses
+
+
+def test_rl_and_eval_run_on_each(python, tiny_model_dir, tmp_path, torch_single_thread, qa, guess):
+    """rl.py 2 steps on each environment (max_turns 3: the tiny model's replies are junk to the tool ones; its last
+    step evaluates); eval.py with a scripted player of each, written against the messages (players.py): rewards as
+    the environments give them, on the episodes our own instance deals for the same seed."""
+    players = str(ENVS / "players.py")
+    secrets = [random.Random(e["seed"]).randint(1, 8) for e in guess.examples(6, seed=5)]
+    for name, env_args, player, reward in (
+            ("qa", {"path": QA, "id": "SumEnvironment"}, "add", 1.0),
+            ("guess", {"path": GUESS}, "bisect", sum(1.1 - 0.1 * bisect_guesses(s) for s in secrets) / 6),
+            ("lookup", {"path": LOOKUP}, "look_up_and_submit", 1.0)):
         env_args = json.dumps({**env_args, "python": python, "max_turns": 3})
         out = run_main("rl", ["--model", tiny_model_dir, "--env", "openenv", "--env_args", env_args, "--batch", "4",
                               "--group", "2", "--steps", "2", "--max_new_tokens", "8", "--eval_every", "0",
                               "--eval_n", "2", "--out", str(tmp_path / name / "rl")])
         assert "step 2 |" in out and "step 2 | eval_" in out
-        out = run_main("eval", ["--model", tiny_model_dir, "--env", "openenv", "--env_args", env_args, "-n", "3",
-                                "--max_new_tokens", "8", "--seed", "5", "--out", str(tmp_path / name / "eval")])
+        run_main("eval", ["--model", f"{players}:{player}", "--env", "openenv", "--env_args", env_args, "-n", "6",
+                          "--seed", "5", "--out", str(tmp_path / name / "eval")])
         summary = json.load(open(tmp_path / name / "eval" / "summary.json"))
-        assert summary["n"] == 3 and {"reward_reward", "mean_invalid", "mean_steps", "cut_off_rate"} <= set(summary)
-        assert summary["error_rate"] == 0 and (name == "qa" or summary["mean_invalid"] > 0)
-    episodes = [json.loads(line) for line in open(next((tmp_path / "qa" / "eval").rglob("*.jsonl")))]
-    firsts = sorted(e["messages"][1]["content"] for e in episodes if "messages" in e)
-    assert firsts == sorted(qa.reset(ex)[1] for ex in qa.examples(3, seed=5))
+        assert summary["n"] == 6 and summary["error_rate"] == summary["mean_invalid"] == summary["cut_off_rate"] == 0
+        assert summary["reward_mean"] == pytest.approx(reward, abs=1e-12)  # sums of 6 terms of at most 4 steps
+    episodes = [json.loads(line) for line in open(tmp_path / "qa" / "eval" / "rollouts.jsonl")]
+    firsts = sorted(e["messages"][1]["content"] for e in episodes)
+    assert firsts == sorted(qa.reset(ex)[1] for ex in qa.examples(6, seed=5)) and len(set(firsts)) == 6
