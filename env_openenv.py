@@ -3,10 +3,10 @@ OpenEnv environments (Hugging Face/Meta's standard, https://github.com/meta-pyto
 they are: the `Environment` class imported and stepped in the guard's worker, no server, no Docker.
 
     uv venv .venv-openenv && uv pip install --python .venv-openenv/bin/python openenv==0.10.0
-    python eval.py --env openenv -n 20 --env_args \\
+    python eval.py --env openenv -n 20 --model tests/openenv_envs/players.py:bisect --env_args \\
         '{"path": "tests/openenv_envs/guess.py", "python": ".venv-openenv/bin/python"}'
-    python rl.py --env openenv --batch 64 --group 8 --env_args \\
-        '{"id": "my_env.server.my_environment:MyEnvironment", "args": {"level": 2}}'
+    python rl.py --env openenv --batch 64 --group 8 --env_args '{"id": "my_env.server.env:MyEnv",
+        "args": {"level": 2}, "python": ".venv-openenv/bin/python"}'
 
 env_args: `id` ("module:Class", an installed module) or `path` (a .py file; `id` then optionally
 the class's name, else the one Environment class the file defines); `args`: the class's keyword
@@ -29,9 +29,10 @@ The Action, from the reply: an Action with one field (besides metadata), a str, 
 reply; any other is offered as a tool named after its class (parameters: its JSON schema), called
 with a <tool_call>{"name": ..., "arguments": {...}}</tool_call> block (Hermes/Qwen3, through the
 chat template's `tools`); an MCPEnvironment's tools (ListToolsAction at load) are offered as they
-are and each call becomes a CallToolAction. A reply whose actions cannot all be built (no call,
-an unknown tool, arguments that do not validate) steps nothing: it costs its turn, the next
-message says why, metric `n_invalid`. Each call is one step, in order, until one ends the episode.
+are and each call becomes a CallToolAction (the tool answers bad arguments itself). A reply whose
+actions cannot all be built (no call, an unknown tool, arguments that do not validate) steps
+nothing: it costs its turn, the next message says why, metric `n_invalid`. Each call is one step,
+in order, until one ends the episode.
 
 Observations: the fields other than done/reward/metadata, as text (the metadata where there are
 none: a plain Observation); after a tool call each is a tool message. Reward `reward`: the sum of
@@ -55,8 +56,8 @@ from guard import Guarded, import_source
 # runs here: imported before openenv (as the guard's zygote imports this module first), openenv
 # goes without it, as it does where gradio is not installed
 sys.modules.setdefault("openenv.core.env_server.web_interface", None)
-# the zygote's imports, once for every worker it forks (FastMCP's server: 1 s at an MCP
-# environment's first instance)
+# the zygote's imports, once for every worker it forks (FastMCP's server too, which an MCP
+# environment's first instance would import: 1 s)
 PRELOAD = ("openenv.core.env_server", "fastmcp.server.server")
 SHOWN = 2000  # characters of an invalid reply's reason, or of a description
 
@@ -183,11 +184,11 @@ class OpenEnv:
     reward_weights = {"reward": 1.0}
 
     def __init__(self, cls, args, split, system_prompt, max_turns):
-        Environment, Action, MCPEnvironment, self.mcp = import_openenv()
+        Environment, Action, MCPEnvironment, self.mcp_types = import_openenv()
         self.cls, self.args, self.max_turns, self.name = cls, args, max_turns, cls.__name__
         self.is_mcp = MCPEnvironment is not None and issubclass(cls, MCPEnvironment)
         probe = self._instance(0)
-        self.action = self.mcp.CallToolAction if self.is_mcp else action_class(
+        self.action = self.mcp_types.CallToolAction if self.is_mcp else action_class(
             cls, Environment, Action)
         if self.action is None:
             raise ValueError(f"{self.name} declares no Action class: subclass Environment"
@@ -213,7 +214,7 @@ class OpenEnv:
         """What the model reads of an observation: its fields but done/reward/metadata, each
         `name: value` where there are several, the metadata where there are none; a tool call's
         result or error."""
-        if isinstance(observation, self.mcp.CallToolObservation):
+        if isinstance(observation, self.mcp_types.CallToolObservation):
             error = observation.error
             return f"error: {error.message}" if error else render(observation.result)
         fields = {k: getattr(observation, k) for k in type(observation).model_fields
@@ -231,7 +232,7 @@ class OpenEnv:
             description or "").strip(), "parameters": schema}}
 
     def _list_tools(self, probe):
-        listed = probe.step(self.mcp.ListToolsAction())
+        listed = probe.step(self.mcp_types.ListToolsAction())
         if not listed.tools:
             raise ValueError(f"{self.name} lists no MCP tools ({listed.metadata or 'none'})")
         return [self._tool(t.name, t.description, t.input_schema) for t in listed.tools]
@@ -365,8 +366,8 @@ class OpenEnv:
             if name not in self.tools_named:
                 return [], f"unknown tool {name[:100]!r} (tools: {', '.join(self.tools_named)})"
             try:
-                actions.append(self.mcp.CallToolAction(tool_name=name, arguments=arguments)
-                               if self.is_mcp else self.action.model_validate(arguments))
+                actions.append(self.action(tool_name=name, arguments=arguments) if self.is_mcp
+                               else self.action.model_validate(arguments))
             except Exception as e:  # noqa: BLE001 (pydantic's ValidationError)
                 return [], f"{name}: {type(e).__name__}: {e}"
         return actions, None
