@@ -3,8 +3,8 @@ OpenEnv environments (Hugging Face/Meta's standard, https://github.com/meta-pyto
 they are: the `Environment` class imported and stepped in the guard's worker, no server, no Docker.
 
     uv venv .venv-openenv && uv pip install --python .venv-openenv/bin/python openenv==0.10.0
-    python eval.py --env openenv -n 20 --model tests/openenv_envs/players.py:bisect --env_args \\
-        '{"path": "tests/openenv_envs/guess.py", "python": ".venv-openenv/bin/python"}'
+    python eval.py --env openenv -n 20 --model tests/openenv_envs/players.py:look_up_and_submit \\
+        --env_args '{"path": "tests/openenv_envs/lookup.py", "python": ".venv-openenv/bin/python"}'
     python rl.py --env openenv --batch 64 --group 8 --env_args '{"id": "my_env.server.env:MyEnv",
         "args": {"level": 2}, "python": ".venv-openenv/bin/python"}'
 

@@ -44,7 +44,7 @@ def qa(python):
 
 @pytest.fixture(scope="module")
 def guess(python):
-    env = load(python, GUESS)
+    env = load(python, GUESS, id="GuessEnvironment")
     yield env
     env.close()
 
@@ -163,7 +163,7 @@ def test_junk_replies_never_raise_and_cost_their_turn(qa, guess, lookup, python)
     for reply in JUNK:
         said, rewards, metrics = play(qa, qa.examples(1)[0], [reply])
         assert said[1:] == [None] and rewards == {"reward": 0.0} and metrics["n_invalid"] == 0
-    short = load(python, GUESS, max_turns=5)
+    short = load(python, GUESS, id="GuessEnvironment", max_turns=5)
     secret = random.Random(3).randint(1, 8)
     for env, last, reward in ((guess, call("GuessAction", guess=secret), 1.0), (lookup, call("submit", value="x"), 0.0),
                               (short, None, 0.0)):
@@ -179,8 +179,9 @@ def test_junk_replies_never_raise_and_cost_their_turn(qa, guess, lookup, python)
 
 def test_an_environment_that_ignores_the_seed_is_seeded_and_one_no_seed_reaches_is_refused(python):
     """GlobalRandomSum draws from the global `random`, ignoring reset's seed: the episode's own seeded random state
-    makes it the same for the same seed (in another worker too) and different across seeds. UnseededSum draws from
-    the system's entropy: the probe at load sees two resets differ and refuses it, saying why."""
+    makes it the same for the same seed (in another worker too) and different across seeds; so for MovingGuess,
+    which draws at every step too. UnseededSum draws from the system's entropy: the probe at load sees two resets
+    differ and refuses it, saying why."""
     first, second = (load(python, QA, id="GlobalRandomSum") for _ in range(2))
     examples = first.examples(6, seed=4)
     questions = [first.reset(e)[1] for e in examples]
@@ -188,6 +189,26 @@ def test_an_environment_that_ignores_the_seed_is_seeded_and_one_no_seed_reaches_
     assert len(set(questions)) == 6  # 6 draws of 2500 pairs: the same twice would be one chance in 400
     first.close()
     second.close()
+    # MovingGuess draws from the global `random` at reset and at every step: interleaved episodes each draw the
+    # sequence that random.Random(their seed) gives, as alone
+    moving = load(python, GUESS, id="MovingGuess")
+    examples = moving.examples(6, seed=0)
+    states, hints = [moving.reset(e)[0] for e in examples], [[] for _ in examples]
+    for _ in range(4):
+        for state, said in zip(states, hints):
+            if None not in said:
+                said.append(moving.step(state, call("GuessAction", guess=4)))
+    for example, said in zip(examples, hints):
+        rng, expected = random.Random(example["seed"]), []
+        for left in (3, 2, 1, 0):
+            secret = rng.randint(1, 8)
+            expected.append(None if secret == 4 or left == 0 else
+                            {"role": "tool", "content": f"hint: {'Higher' if secret > 4 else 'Lower'}.\n"
+                                                        f"guesses_left: {left}"})
+            if expected[-1] is None:
+                break
+        assert said == expected
+    moving.close()
     with pytest.raises(ValueError, match=r"UnseededSum is not deterministic: two resets with the same seed"):
         load(python, QA, id="UnseededSum")
 
@@ -244,7 +265,8 @@ def test_rl_and_eval_run_on_each(python, tiny_model_dir, tmp_path, torch_single_
     secrets = [random.Random(e["seed"]).randint(1, 8) for e in guess.examples(6, seed=5)]
     for name, env_args, player, reward in (
             ("qa", {"path": QA, "id": "SumEnvironment"}, "add", 1.0),
-            ("guess", {"path": GUESS}, "bisect", sum(1.1 - 0.1 * bisect_guesses(s) for s in secrets) / 6),
+            ("guess", {"path": GUESS, "id": "GuessEnvironment"}, "bisect",
+             sum(1.1 - 0.1 * bisect_guesses(s) for s in secrets) / 6),
             ("lookup", {"path": LOOKUP}, "look_up_and_submit", 1.0)):
         env_args = json.dumps({**env_args, "python": python, "max_turns": 3})
         out = run_main("rl", ["--model", tiny_model_dir, "--env", "openenv", "--env_args", env_args, "--batch", "4",

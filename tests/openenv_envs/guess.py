@@ -1,5 +1,5 @@
 """A multi-step OpenEnv environment: guess a number from 1 to 8 in 4 guesses (an int Action, played
-by tool calls)."""
+by tool calls). Its variant ignores the seed and draws from the global `random` at every step."""
 import random
 from typing import Optional
 
@@ -42,3 +42,18 @@ class GuessEnvironment(Environment[GuessAction, HintObservation, State]):
     def state(self) -> State:
         return self._state
 
+
+
+class MovingGuess(GuessEnvironment):
+    """Ignores the seed: the number comes from the global `random`, and moves after each wrong guess
+    (a draw at every step, as an opponent's move would be)."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> HintObservation:
+        observation = super().reset(seed, episode_id, **kwargs)
+        self.secret = random.randint(1, 8)
+        return observation
+
+    def step(self, action: GuessAction, timeout_s=None, **kwargs) -> HintObservation:
+        observation = super().step(action, timeout_s, **kwargs)
+        self.secret = random.randint(1, 8)
+        return observation
