@@ -79,7 +79,7 @@ def test_a_text_action_takes_the_reply_and_examples_walk_the_task_provider(qa, p
     other.close()
 
 
-def bisect(env, example, in_one_reply=False):
+def bisect(env, example):
     """Guess by halving the range on each hint, through tool calls: (the guesses, the tool messages, the state)."""
     state, first = env.reset(example)
     assert first == "hint: Guess a number from 1 to 8.\nguesses_left: 4"
@@ -105,7 +105,8 @@ def test_tool_calls_build_a_non_text_action_and_rewards_sum_over_its_steps(guess
         assert guesses[-1] == secret and len(guesses) <= 4
         assert all(m["role"] == "tool" and m["content"].endswith(f"guesses_left: {4 - i}")
                    for i, m in enumerate(said[:-1], 1))
-        # -0.1 a wrong guess, 1 the right one: a sum of at most 4 terms, exact to float rounding (1e-15)
+        # -0.1 a wrong guess, 1 the right one: a sum of at most 4 terms, off by float rounding only (< 1e-15);
+        # a step's reward lost or counted twice moves it by 0.1 at least
         assert guess.rewards(state)["reward"] == pytest.approx(1.0 - 0.1 * (len(guesses) - 1), abs=1e-12)
         assert guess.metrics(state) == {"n_invalid": 0, "n_steps": len(guesses), "cut_off": 0, **DONE}
     example = {"seed": 5}
@@ -186,7 +187,7 @@ def test_an_environment_that_ignores_the_seed_is_seeded_and_one_no_seed_reaches_
     examples = first.examples(6, seed=4)
     questions = [first.reset(e)[1] for e in examples]
     assert questions == [second.reset(e)[1] for e in reversed(examples)][::-1]
-    assert len(set(questions)) == 6  # 6 draws of 2500 pairs: the same twice would be one chance in 400
+    assert len(set(questions)) == 6  # these seeds' draws (of 2500 pairs: a repeat had a 15/2500 chance)
     first.close()
     second.close()
     # MovingGuess draws from the global `random` at reset and at every step: interleaved episodes each draw the
@@ -214,6 +215,8 @@ def test_an_environment_that_ignores_the_seed_is_seeded_and_one_no_seed_reaches_
 
 
 def test_what_cannot_run_is_refused_in_one_line(python, tmp_path):
+    """A server URL, and each way of naming no runnable Environment class: a one-line SystemExit from load_env,
+    saying what to change (the worker's errors included: a constructor that raises)."""
     for url in ({"url": "http://localhost:8000"}, {"base_url": "https://x.hf.space"}):
         with pytest.raises(SystemExit, match=r"is not run here: this runs the Environment class itself.*name it "
                                              r"instead") as refused:
@@ -277,7 +280,7 @@ def test_rl_and_eval_run_on_each(python, tiny_model_dir, tmp_path, torch_single_
                           "--seed", "5", "--out", str(tmp_path / name / "eval")])
         summary = json.load(open(tmp_path / name / "eval" / "summary.json"))
         assert summary["n"] == 6 and summary["error_rate"] == summary["mean_invalid"] == summary["cut_off_rate"] == 0
-        assert summary["reward_mean"] == pytest.approx(reward, abs=1e-12)  # sums of 6 terms of at most 4 steps
+        assert summary["reward_mean"] == pytest.approx(reward, abs=1e-12)  # float rounding only, as above
     episodes = [json.loads(line) for line in open(tmp_path / "qa" / "eval" / "rollouts.jsonl")]
     firsts = sorted(e["messages"][1]["content"] for e in episodes)
     assert firsts == sorted(qa.reset(ex)[1] for ex in qa.examples(6, seed=5)) and len(set(firsts)) == 6
