@@ -120,6 +120,37 @@ def run_main(script, argv, env_dir=None):
     return out.getvalue()
 
 
+def play(env, example, replies):
+    """(what the environment said: its first message, then after each reply; rewards, metrics) of one episode given
+    its replies (the ones left after its end are not given)."""
+    state, first = env.reset(example)
+    said = [first]
+    for reply in replies:
+        said.append(env.step(state, reply))
+        if said[-1] is None:
+            break
+    return said, env.rewards(state), env.metrics(state)
+
+
+def uv_venv(venv, distribution, version):
+    """The interpreter of `venv` with distribution==version installed: the venv made with uv (requirements-test.txt)
+    the first time, then reused; a lock keeps two test processes from making it at once. CalledProcessError where
+    uv cannot install it."""
+    import fcntl
+    import subprocess
+    import tempfile
+    python = venv / "bin" / "python"
+    check = f"import importlib.metadata as m; assert m.version({distribution!r}) == {version!r}"
+    with open(os.path.join(tempfile.gettempdir(), f"rlenvs-{venv.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (python.exists() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0):
+            uv = [sys.executable, "-m", "uv"]
+            subprocess.run(uv + ["venv", "-q", "--allow-existing", str(venv)], check=True)
+            subprocess.run(uv + ["pip", "install", "-q", "--python", str(python), f"{distribution}=={version}"],
+                           check=True)
+    return str(python)
+
+
 def poison_loss(monkeypatch, module, name, clean_calls):
     """module.name, a function returning (loss, ...), returns a NaN loss after its first
     clean_calls calls: the trainer's non-finite update, planted."""
@@ -260,18 +291,5 @@ def run_python_within():
 @pytest.fixture(scope="session")
 def vf04_python():
     """The interpreter of a venv with verifiers 0.4.0, for v1 environments (the two generations cannot share one
-    installation): made with uv (requirements-test.txt) once, then reused: .venv-vf04. A lock keeps two test
-    processes from making it at once."""
-    import fcntl
-    import subprocess
-    import tempfile
-    venv = ROOT / ".venv-vf04"
-    python = venv / "bin" / "python"
-    check = [str(python), "-c", "import importlib.metadata as m; assert m.version('verifiers') == '0.4.0'"]
-    with open(os.path.join(tempfile.gettempdir(), "rlenvs-venv-vf04.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (python.exists() and subprocess.run(check, capture_output=True).returncode == 0):
-            uv = [sys.executable, "-m", "uv"]
-            subprocess.run(uv + ["venv", "-q", "--allow-existing", str(venv)], check=True)
-            subprocess.run(uv + ["pip", "install", "-q", "--python", str(python), "verifiers==0.4.0"], check=True)
-    return str(python)
+    installation): .venv-vf04, made once (tests/test_env_verifiers_v1.py, test_real_server.py)."""
+    return uv_venv(ROOT / ".venv-vf04", "verifiers", "0.4.0")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import common
 import env_textarena as et
-from conftest import run_main
+from conftest import play, run_main
 from policies import make_policy
 from sample import rollout
 
@@ -29,17 +29,6 @@ for _game in et.WORKING_GAMES:
 
 def load(game=GTN, **kw):
     return et.TextArena(game=game, **kw)
-
-
-def play(env, example, replies):
-    """(messages, rewards, metrics) of an episode given its replies (the ones left after the end are not given)."""
-    state, first = env.reset(example)
-    messages = [first]
-    for reply in replies:
-        messages.append(env.step(state, reply))
-        if messages[-1] is None:
-            break
-    return messages, env.rewards(state), env.metrics(state)
 
 
 # ----------------------------------------------------------------------------- the contract
