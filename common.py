@@ -136,9 +136,8 @@ def on_device(model, device):
 
 def train_autocast(device):
     """The training forward's autocast: bf16 on a GPU (fp32 weights: load_model), off on CPU."""
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+    cuda = device.startswith("cuda")
+    return torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=cuda)
 
 
 # ----------------------------------------------------------------------------- KV caches
@@ -148,15 +147,12 @@ def cache_kwarg(module):
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-def returned_cache(output):
-    """The KV cache a forward returned, under either name (see cache_kwarg)."""
-    return output["cache"] if "cache" in output else output.past_key_values
-
-
-def plain_cache_layers(cache):
-    """[(keys (B, H, T, D), values)] per layer when all of `cache` is plain full attention, so its
-    rows can be broadcast into a new DynamicCache; else None (sliding windows, recurrent layers)."""
+def plain_cache_layers(output):
+    """[(keys (B, H, T, D), values)] per layer of the KV cache a forward returned (under either
+    name: cache_kwarg) when all of it is plain full attention, so its rows can be broadcast into a
+    new DynamicCache; else None (sliding windows, recurrent layers)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
+    cache = output["cache"] if "cache" in output else output.past_key_values
     if isinstance(cache, DynamicCache) and all(type(l) is DynamicLayer for l in cache.layers):
         return [(l.keys, l.values) for l in cache.layers]
     return None
@@ -201,7 +197,7 @@ def decoder_hidden(model, ids):
     if B == 1 or prefix < 8 or one_pass:
         return decoder(input_ids=ids).last_hidden_state
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-    kv = plain_cache_layers(returned_cache(head))
+    kv = plain_cache_layers(head)
     if kv is None:
         return decoder(input_ids=ids).last_hidden_state
     # (1, heads, prefix, D) -> (B, heads, prefix, D), views: the backward sums over rows
@@ -257,23 +253,17 @@ def out_of_memory_says(what_to_lower):
 
 GRAD_CKPT_AUTO_PARAMS = 300 * 10**6  # GPU models this big: --grad_ckpt auto on, update compiled
 GRAD_CLIP = 1.0  # the gradient's norm is clipped to this in SFT and RL
-
-
 MAX_BAD_STEPS = 3  # steps in a row with a non-finite update before a run stops
 
 
-def clip_gradients(model):
-    """Clip the gradient's norm to GRAD_CLIP; returns the norm before, a number (inf or nan too)."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # --fsdp: a DTensor
-
-
 def optimizer_step(model, opt, loss):
-    """The gradients summed over the ranks and clipped, then the optimizer's step, skipped (with a
-    warning) where the ranks' summed loss or the norm is not finite. Returns (that loss, the norm,
-    whether it stepped)."""
+    """The gradients summed over the ranks and clipped to GRAD_CLIP, then the optimizer's step,
+    skipped (with a warning) where the ranks' summed loss or the norm is not finite. Returns (that
+    loss, the norm before clipping, a number, whether it stepped)."""
     sum_gradients(model)
-    loss, norm = sum_over_ranks([loss])[0], clip_gradients(model)
+    loss = sum_over_ranks([loss])[0]
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)  # --fsdp: a DTensor
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     stepped = math.isfinite(loss) and math.isfinite(norm)
     if stepped:
         opt.step()
@@ -511,7 +501,8 @@ def start_or_resume(args, opt, resume, rank=0):
     set_rng_state(ts["rng"])
     if os.path.exists(metrics_path) and rank == 0:  # keep whole lines from before the checkpoint
         rows = open(metrics_path).readlines()[:ts.get("log_lines")]
-        rows = [line for line in rows if _step_of(line) is not None and _step_of(line) <= ts["step"]]
+        # json.dumps escapes newlines: a line without one is cut short by a crash
+        rows = [r for r in rows if r.endswith("\n") and json.loads(r)["step"] <= ts["step"]]
         with open(metrics_path + ".part", "w") as f:
             f.writelines(rows)
         os.replace(metrics_path + ".part", metrics_path)
@@ -573,14 +564,6 @@ def finish_save(out):
         if not os.path.isdir(out) and os.path.exists(os.path.join(old, "trainer_state.pt")):
             os.rename(old, out)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _step_of(line):
-    """The step of a metrics.jsonl line, None for a line a crash cut short."""
-    try:
-        return json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return None
 
 
 def rng_state():

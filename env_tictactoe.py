@@ -422,6 +422,7 @@ class TicTacToe:
         result = state["winner"]
         return {"win": float(result == "X"), "draw": float(result == "draw"),
                 "loss": float(result not in ("X", "draw")),
+                "success": float(result in ("X", "draw")),  # not lost: eval.py's pass@k counts it
                 "format": state["well_formed"] / max(state["turns"], 1),
                 "invalid": float(state["invalid_moves"] > 0), "cut_off": float(state["cut_off"]),
                 "n_turns": state["turns"], "n_invalid_moves": state["invalid_moves"]}

@@ -8,10 +8,12 @@ Evaluate a model (local, API or scripted) on an environment; --exploit runs its 
     python eval.py --model out/sft --env reverse -n 5 -r 3 --show 5       # watch it play
 
 Writes DIR/rollouts.jsonl as episodes finish (--resume skips them) and DIR/summary.json: n,
-reward_mean, reward_se, `<name>_rate` and `mean_<name>` of the environment's metrics (`n_<name>`
-counts), reward_<component>, timings.
+reward_mean, reward_se (over examples), `<name>_rate` and `mean_<name>` of the environment's
+metrics (`n_<name>` counts), reward_<component>, timings; with -r R > 1, pass@k (k = 1, 2, 4, ...,
+R) and avg@R of its successes (pass_at_ks), each with `<key>_ci95`, its 95% interval.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -27,38 +29,76 @@ from sample import rollout, show
 
 
 # ----------------------------------------------------------------------------- summaries
-def summarize(records):
-    """Means over episodes: reward, environment metrics (named as above), reward components."""
+Z95 = 1.96  # the normal distribution's 97.5% quantile: a two-sided 95% interval
+
+
+def mean_se(xs):
+    """The mean of xs and its standard error (their sample standard deviation over sqrt(len))."""
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / max(len(xs) - 1, 1) / len(xs))
+
+
+def pass_at_k(n, c, k):
+    """Chen et al.'s (2021) unbiased pass@k of n samples, c of them successes: the chance that k of
+    them drawn without replacement hold one (the first k samples' any() drops the other n - k and
+    hangs on their order)."""
+    return 1 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_ks(groups):
+    """pass@k for k = 1, 2, 4, ..., R and avg@R (the mean success, pass@1's value) of `groups`,
+    each example's R successes (bools), with `<key>_ci95`: a figure is the mean over examples of
+    each one's own estimate, its interval the normal bound of that mean (clipped to [0, 1]). The
+    examples are the independent draws, not the rollouts, which share their example's difficulty:
+    as n·R independent draws the interval would be up to sqrt(R) too narrow."""
+    r, out = min(map(len, groups)), {}
+    ks = {f"pass@{k}": k for k in sorted({2 ** i for i in range(r.bit_length())} | {r})}
+    for key, k in {**ks, f"avg@{r}": 1}.items():
+        mean, se = mean_se([pass_at_k(len(g), sum(g), k) for g in groups])
+        out[key], out[f"{key}_ci95"] = mean, [max(mean - Z95 * se, 0.0), min(mean + Z95 * se, 1.0)]
+    return out
+
+
+def summarize(records, best_reward=1.0):
+    """Means over episodes: reward (its standard error over examples), environment metrics (named
+    as above), reward components; with several rollouts an example, pass_at_ks of the successes:
+    the environment's `success` metric where it has one, else a reward reaching best_reward."""
     n = len(records)
     if n == 0:
         return {"n": 0}
-    rewards = [r["reward"] for r in records]
-    mean = sum(rewards) / n
-    var = sum((x - mean) ** 2 for x in rewards) / max(n - 1, 1)
-    out = {"n": n, "reward_mean": mean, "reward_se": math.sqrt(var / n)}
+    by_example = {}  # the independent draws are the examples, not their rollouts (pass_at_ks)
+    for r in records:
+        by_example.setdefault(r["index"], []).append(r)
+    mean, se = mean_se([sum(r["reward"] for r in g) / len(g) for g in by_example.values()])
+    out = {"n": n, "reward_mean": mean, "reward_se": se}
     for k in records[0].get("metrics", {}):
         key = f"mean_{k[2:]}" if k.startswith("n_") else f"{k}_rate"
         out[key] = sum(r["metrics"][k] for r in records) / n
     for k in records[0]["rewards"]:
         out[f"reward_{k}"] = sum(r["rewards"][k] for r in records) / n
+    if min(map(len, by_example.values())) > 1:
+        out.update(pass_at_ks([[r["metrics"].get("success", r["reward"] >= best_reward) == 1
+                                for r in g] for g in by_example.values()]))
     tasks = sorted({str(r["example"].get("task")) for r in records
                     if isinstance(r.get("example"), dict)})
     if len(tasks) > 1:  # a mix of tasks (reasoning-gym's): each task's own summary too
-        out["by_task"] = {t: summarize([r for r in records if str(r["example"].get("task")) == t])
-                          for t in tasks}
+        out["by_task"] = {t: summarize([r for r in records if str(r["example"].get("task")) == t],
+                                       best_reward) for t in tasks}
     return out
 
 
 def format_summary(s, title=""):
-    """A summary's lines: episodes, reward ± standard error, then the rest (rates as percents)."""
+    """A summary's lines: episodes, reward ± standard error, the rest (rates, pass@k in %)."""
     rows = [title] if title else []
     if "n" in s:
         rows.append(f"  {'episodes':<18} {s['n']}")
     if "reward_mean" in s:
         rows.append(f"  {'reward':<18} {s['reward_mean']:.4f} ± {s['reward_se']:.4f}")
     for k, v in s.items():
-        if k not in ("n", "reward_mean", "reward_se", "by_task"):
-            rows.append(f"  {k:<18} " + (f"{v:.1%}" if k.endswith("_rate") else
+        if k not in ("n", "reward_mean", "reward_se", "by_task") and not k.endswith("_ci95"):
+            ci = s.get(f"{k}_ci95")
+            rows.append(f"  {k:<18} " + (f"{v:.1%} (95% CI {ci[0]:.1%} to {ci[1]:.1%})" if ci else
+                                         f"{v:.1%}" if k.endswith("_rate") else
                                          f"{v:.4g}" if isinstance(v, float) else str(v)))
     for task, t in s.get("by_task", {}).items():
         rates = ", ".join(f"{k[:-5]} {v:.1%}" for k, v in t.items() if k.endswith("_rate"))
@@ -70,40 +110,25 @@ def format_summary(s, title=""):
 # ----------------------------------------------------------------------------- evaluation
 def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progress=True):
     """Play n examples x rollouts into DIR/rollouts.jsonl, DIR/summary.json; (summary, records)."""
-    examples = env.examples(n, seed)
-    old, path = [], None
+    examples, old, path = env.examples(n, seed), [], out and os.path.join(out, "rollouts.jsonl")
     if out:
         os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, "rollouts.jsonl")
-        if resume and os.path.exists(path):
-            with open(path) as f:
-                for line in f:
-                    try:
-                        old.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass  # a line cut by a crash: that episode is simply played again
-        old = [r for r in old if r["index"] < n and r["rollout"] < rollouts]
-    skip = {(r["index"], r["rollout"]) for r in old}
-    if path and resume:  # rewrite only the complete lines, swapped in whole: a kill loses none
-        with open(path + ".part", "w") as f:
+    if out and resume and os.path.exists(path):
+        with open(path) as f:  # json.dumps escapes newlines: a line without one is cut by a crash
+            old = [r for r in (json.loads(line) for line in f if line.endswith("\n"))
+                   if r["index"] < n and r["rollout"] < rollouts]
+        with open(path + ".part", "w") as f:  # whole rows, swapped in at once: a kill loses none
             f.writelines(json.dumps(r) + "\n" for r in old)
         os.replace(path + ".part", path)
-    sink = open(path, "a" if resume else "w") if path else None
-
-    def write(rec):
-        if sink:
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
+    skip = {(r["index"], r["rollout"]) for r in old}
     t0, tokens0 = time.time(), policy.gen_tokens
-    try:
-        new = rollout(env, examples, policy, group=rollouts, on_done=write, progress=progress,
-                      skip=skip)
-    finally:
-        if sink:
-            sink.close()
+    # line-buffered: each finished episode's row is on disk at once, for --resume to go on from
+    with open(path, "a" if resume else "w", buffering=1) if out else contextlib.nullcontext() as f:
+        new = rollout(env, examples, policy, group=rollouts, progress=progress, skip=skip,
+                      on_done=f and (lambda rec: f.write(json.dumps(rec) + "\n")))
     wall = time.time() - t0
     records = sorted(old + new, key=lambda r: (r["index"], r["rollout"]))
-    summary = summarize(records)
+    summary = summarize(records, getattr(env, "best_reward", 1.0))
     summary.update(wall_s=wall, episodes_per_s=len(new) / max(wall, 1e-9),
                    gen_tokens_per_s=(policy.gen_tokens - tokens0) / max(wall, 1e-9))
     if out:
@@ -161,8 +186,7 @@ def plot_curves(stages, png, panels=None):
                                 if verdicts else [])
     n_rows = (len(panels) + 3) // 4
     fig, axes = plt.subplots(n_rows, 4, figsize=(16, 3 * n_rows), squeeze=False)
-    axes = axes.flatten()
-    for ax, (title, panel) in zip(axes, panels):
+    for ax, (title, panel) in zip(axes.flat, panels):
         for k in panel:
             pts = [(r["step"], r[k]) for r in rows if k in r]
             if pts:
@@ -180,7 +204,7 @@ def plot_curves(stages, png, panels=None):
     if len(starts) > 1:
         fig.suptitle("stages (dotted lines), from step: "
                      + ", ".join(f"{name} {x}" for x, name in starts), fontsize=10)
-    for ax in axes[len(panels):]:
+    for ax in axes.flat[len(panels):]:
         ax.axis("off")
     # fixed margins: tight_layout measures every tick label first, a third of the drawing's time
     height = 3 * n_rows  # inches: room for the x labels below, the titles (and suptitle) above

@@ -165,13 +165,11 @@ class HFPolicy:
         """Add a reply's tokens (its stop token too, if it stopped) to the trajectory; its text."""
         stopped = toks[-1] in self.chat.stop_ids
         self.gen_tokens += len(toks)
-        ep["ids"] += toks
-        ep["mask"] += [1] * len(toks)
-        ep["logprobs"] += lps
-        if toks[-1] != self.chat.eot_id:  # cut off (or another eos): close the turn, not trained on
-            ep["ids"].append(self.chat.eot_id)
-            ep["mask"].append(0)
-            ep["logprobs"].append(0.0)
+        # cut off (or another eos): an end-of-turn closes the turn, not trained on
+        close = [] if toks[-1] == self.chat.eot_id else [self.chat.eot_id]
+        ep["ids"] += toks + close
+        ep["mask"] += [1] * len(toks) + [0] * len(close)
+        ep["logprobs"] += lps + [0.0] * len(close)
         ep["truncated"] = ep.get("truncated", 0) + (not stopped)
         return self.tokenizer.decode(toks[:-1] if stopped else toks, skip_special_tokens=True)
 
@@ -247,9 +245,7 @@ class HFPolicy:
         token (B,) where given and not -1. The logprob is the model's at the sampling temperature,
         before any top-p or end-of-turn suppression."""
         logp = torch.log_softmax(at_least_fp32(logits) / (self.temp or 1.0), dim=-1)  # (B, V)
-        choose = logp
-        if suppress_stop:
-            choose = logp.index_fill(1, stop_ids, float("-inf"))
+        choose = logp.index_fill(1, stop_ids, float("-inf")) if suppress_stop else logp
         if self.temp == 0:
             token = choose.argmax(-1)
         else:

@@ -75,11 +75,10 @@ def teacher_games(args, env):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "teacher_games.jsonl")
     games = []
-    with open(path, "w") as f:
+    with open(path, "w", buffering=1) as f:  # line-buffered: each game is on disk as it ends
         def write(rec):
             games.append(rec)
             f.write(json.dumps({k: rec[k] for k in ("messages", "reward", "rewards", "metrics")}) + "\n")
-            f.flush()
         try:
             rollout(env, env.examples(args.n_games, args.seed + 1), policy, on_done=write)
         except RuntimeError as e:
@@ -156,9 +155,7 @@ def build_scratch(out, env, vocab_size=512, d_model=128, n_layers=4, n_heads=4, 
         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_heads,
         max_position_embeddings=max_len, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = LlamaForCausalLM(config)  # its generation config takes eos and pad from `config`
     samples_when_served(model)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
