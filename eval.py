@@ -48,14 +48,17 @@ def pass_at_k(n, c, k):
 def pass_at_ks(groups):
     """pass@k for k = 1, 2, 4, ..., R and avg@R (the mean success, pass@1's value) of `groups`,
     each example's R successes (bools), with `<key>_ci95`: a figure is the mean over examples of
-    each one's own estimate, its interval the normal bound of that mean (clipped to [0, 1]). The
+    each one's own estimate, its interval the normal bound of that mean (in [0, 1]; see below). The
     examples are the independent draws, not the rollouts, which share their example's difficulty:
     as n·R independent draws the interval would be up to sqrt(R) too narrow."""
     r, out = min(map(len, groups)), {}
     ks = {f"pass@{k}": k for k in sorted({2 ** i for i in range(r.bit_length())} | {r})}
     for key, k in {**ks, f"avg@{r}": 1}.items():
         mean, se = mean_se([pass_at_k(len(g), sum(g), k) for g in groups])
-        out[key], out[f"{key}_ci95"] = mean, [max(mean - Z95 * se, 0.0), min(mean + Z95 * se, 1.0)]
+        # all n at 1 (or 0), no spread: as P(X = 1) <= E[X] on [0, 1], a mean mu does so w.p. <= mu^n
+        edge = 0.025 ** (1 / len(groups)) if se == 0 and mean in (0.0, 1.0) else None
+        out[key], out[f"{key}_ci95"] = mean, [mean * edge, 1 - (1 - mean) * edge] if edge else [
+            max(mean - Z95 * se, 0.0), min(mean + Z95 * se, 1.0)]
     return out
 
 
@@ -111,8 +114,7 @@ def format_summary(s, title=""):
 def evaluate(env, policy, n, rollouts=1, seed=0, out=None, resume=False, progress=True):
     """Play n examples x rollouts into DIR/rollouts.jsonl, DIR/summary.json; (summary, records)."""
     examples, old, path = env.examples(n, seed), [], out and os.path.join(out, "rollouts.jsonl")
-    if out:
-        os.makedirs(out, exist_ok=True)
+    os.makedirs(out or ".", exist_ok=True)
     if out and resume and os.path.exists(path):
         with open(path) as f:  # json.dumps escapes newlines: a line without one is cut by a crash
             old = [r for r in (json.loads(line) for line in f if line.endswith("\n"))
@@ -262,8 +264,7 @@ def main():
              + (["exploit"] if args.exploit else []))
     env = load_env(args.env, env_args)
     settings = eval_settings(args.env)
-    unknown = sorted(set(args.setting or []) - set(settings))
-    if unknown:
+    if unknown := sorted(set(args.setting or []) - set(settings)):
         raise SystemExit(f"--setting {' '.join(unknown)}: "
                          f"{args.env} names the settings {', '.join(settings)}")
     if args.exploit and not hasattr(env, "exploit"):

@@ -59,8 +59,11 @@ def test_the_interval_is_over_examples_not_rollouts():
         assert abs(s["reward_se"] - 1 / 6) <= MEAN_ERR, r
         for key in figures(s):
             assert s[key] == 0.5 and max(abs(a - b) for a, b in zip(s[key + "_ci95"], want)) <= 2 * MEAN_ERR, (r, key)
-    # clipped to [0, 1]: all successes have no width, and no bound past 1
-    assert eval_mod.summarize(records([[1, 1]] * 3))["pass@1_ci95"] == [1.0, 1.0]
+    # every example at 1 (or 0) shows no spread, yet 3 examples say little: a mean mu makes all 3 succeed with
+    # chance <= mu^3 (P(X = 1) <= E[X] for X in [0, 1]), so the interval reaches down to 0.025^(1/3) = 0.29
+    edge = 0.025 ** (1 / 3)
+    assert eval_mod.summarize(records([[1, 1]] * 3))["pass@1_ci95"] == [edge, 1.0]
+    assert eval_mod.summarize(records([[0, 0]] * 3))["pass@2_ci95"] == [0.0, 1 - edge]
 
 
 def test_success_is_the_environments_metric_else_the_best_reward(ttt_env):
