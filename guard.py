@@ -318,7 +318,7 @@ class Zygote:
         if line is None:
             self.proc.kill()
             raise ValueError(f"importing {', '.join(self.preload)} in the guard's worker took "
-                               f"over {timeout:g} s (guard.LOAD_TIMEOUT)")
+                             f"over {timeout:g} s (guard.LOAD_TIMEOUT)")
         return line.decode().split()
 
     def fork(self):
@@ -386,13 +386,13 @@ def _where(frame):
         path = path.split("site-packages" + os.sep)[-1] if "site-packages" in path else (
             os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path)
         return f"{path}:{f.f_lineno} ({f.f_code.co_name})"
+    if frame is None:
+        return ""
     here, ours, f = os.path.abspath(__file__), None, frame
     while f is not None and ours is None:
         path = os.path.abspath(f.f_code.co_filename)
         ours = f if os.path.dirname(path) == os.path.dirname(here) and path != here else None
         f = f.f_back
-    if frame is None:
-        return ""
     return f", in {line(frame)}" + (f", from {line(ours)}" if ours not in (None, frame) else "")
 
 
