@@ -100,12 +100,14 @@ def test_a_misbehaving_reply_costs_its_episode_only(guarded, bad):
 
 def test_a_load_that_overruns_fails_in_one_line_naming_where_it_was(tmp_path, monkeypatch):
     """As an endless generator listed whole would: the error names the line that ran on."""
-    (tmp_path / "slow_load.py").write_text("def read_every_task():\n    while True:\n        pass\n\n\n"
+    (tmp_path / "slow_load.py").write_text("import time\n\n\ndef read_every_task():\n    while True:\n"
+                                           "        time.sleep(0.05)\n\n\n"
                                            "class Env:\n    def __init__(self):\n        read_every_task()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(guard, "LOAD_TIMEOUT", 1.0)
+    # the limit also covers the zygote's start (an interpreter, then this module): 3 s, ample on a loaded CPU
+    monkeypatch.setattr(guard, "LOAD_TIMEOUT", 3.0)
     with pytest.raises(ValueError, match=r"^slow_load:Env failed to load in its worker: timeout: init took over "
-                                         r"1 s, in /\S*slow_load.py:[23] \(read_every_task\)$"):
+                                         r"3 s, in /\S*slow_load.py:[56] \(read_every_task\)$"):
         Guarded("slow_load:Env", {})
 
 
