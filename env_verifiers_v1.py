@@ -230,9 +230,9 @@ class VerifiersV1Env:
         judges = [type(j).__name__ for j in task.plugged_judges()]
         why = ("its prompt is not text" if not isinstance(data.prompt, str) else
                "it runs in a container image" if data.image else
-               f"it asks a judge: {NAME_A_JUDGE}" if judges and not self.judge else
                "its DecisionJudge posts to Prime's evaluations API, which a chat server does not "
                "serve" if "DecisionJudge" in judges else
+               f"it asks a judge: {NAME_A_JUDGE}" if judges and not self.judge else
                "its system prompt is not the first task's: only one is supported"
                if self.tasks and (data.system_prompt or "") != self.system_prompt else None)
         if why:
