@@ -88,8 +88,9 @@ def test_fast_engine_is_exact(arch, bf16, temp, ieee_fp32):
     """Multi-turn rollouts, two per example, through the fast engine with a CUDA graph per turn, the same engine
     eager, and the reference engine (generate() re-encoding every turn): the graph gives the eager step's tokens
     and logprobs bit for bit; every recorded logprob is an fp32 replay's (within FP32_ATOL in fp32, bf16's
-    rounding under autocast, how rl.py samples on a GPU); in fp32 the fast engine gives the reference engine's tokens. Under bf16
-    a near-tie may flip a token between the two engines' different kernels, so they are not compared there."""
+    rounding under autocast, how rl.py samples on a GPU); in fp32 the fast engine gives the reference engine's
+    tokens. Under bf16 a near tie may flip a token between the two engines' different kernels, so they are not
+    compared there."""
     name, model, tok = arch
     env = bench.FixedEnv(system_tokens=30, env_tokens=7, turns=3)
     runs = {}
