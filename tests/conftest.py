@@ -54,6 +54,12 @@ SHARPEN = 20.0
 # magnitudes summing to < 10 even in the sharpened models: within 10 * 64 * 6e-8 * 10 = 4e-4; a logprob (a logit
 # minus a log-sum-exp) twice that. A wrong position, mask or temperature moves one by >= 1e-2.
 FP32_LOGPROB_ATOL = 1e-3
+# Other comparisons, each argued beside it: bf16 against exact arithmetic (rounding.py); runs summed in another
+# order (float64 bounds in test_distributed, test_rl, test_sample); two formulas of a loss or a gradient
+# (test_losses, test_learning). Where a test keeps pytest.approx's default (rel 1e-6) or torch.allclose's
+# (rtol 1e-5, atol 1e-8), both sides are a closed form and the code's few operations on the same numbers (a
+# weighted sum of rewards, a mean, a schedule): each within a few roundings (2^-53 in Python floats, 2^-24 in
+# float32) of the exact value, far inside the default, while a wrong term or weight moves it by >= 1e-3.
 
 
 def pytest_addoption(parser):
