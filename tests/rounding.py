@@ -60,24 +60,29 @@ def bf16_spread(model, ids, queries, temp=1.0, weights=True, enough=None):
         logp = torch.log_softmax(rounded.float() / temp, -1)
         values = list(collect.values.values())
         spreads = []
-        for k, (t, *tokens) in enumerate(queries):
-            x, y = tokens if len(tokens) > 1 else (tokens[0], None)
-            wanted = logp[t - 1, x] - (logp[t - 1, y] if y is not None else 0)
-            dz = torch.zeros_like(logp[t - 1]) if y is not None else -logp[t - 1].detach().exp()  # (V,)
+        for k, query in enumerate(queries):
+            t, x, *y = query
+            dz = torch.zeros_like(logp[t - 1]) if y else -logp[t - 1].detach().exp()  # temp * d query / d z, (V,)
             dz[x] += 1
-            if y is not None:
-                dz[y] -= 1
+            if y:
+                dz[y[0]] -= 1
             logits_term = LAMBDA * UNIT_ROUNDOFF * float((dz * rounded[t - 1].detach().float()).norm()) / temp
             if enough is not None and id(rounded) in collect.values and logits_term >= enough[k]:
                 spreads.append(logits_term)
                 continue
-            grads = torch.autograd.grad(wanted, values, retain_graph=True, allow_unused=True)
+            grads = torch.autograd.grad(_query(logp, query), values, retain_graph=True, allow_unused=True)
             sq = sum(float((g.double() * v.detach().double()).pow(2).sum()) for g, v in zip(grads, values)
                      if g is not None)
             spreads.append(LAMBDA * UNIT_ROUNDOFF * sq ** 0.5)
         return spreads
     finally:
         model.set_attn_implementation(impl)
+
+
+def _query(logp, query):
+    """A query's value from logp (T, V), the log-softmax over the positions: see bf16_spread."""
+    t, x, *y = query
+    return logp[t - 1, x] - (logp[t - 1, y[0]] if y else 0)
 
 
 def fp32_logprobs(model, ids, queries, temp=1.0):
@@ -87,4 +92,19 @@ def fp32_logprobs(model, ids, queries, temp=1.0):
     n = max(q[0] for q in queries)
     with torch.no_grad(), torch.autocast(dev.type, enabled=False):
         logp = torch.log_softmax(model(input_ids=torch.tensor([ids[:n]], device=dev)).logits[0].float() / temp, -1)
-    return torch.stack([logp[q[0] - 1, q[1]] - (logp[q[0] - 1, q[2]] if len(q) > 2 else 0) for q in queries]).cpu()
+    return torch.stack([_query(logp, q) for q in queries]).cpu()
+
+
+def recorded_minus_fp32(model, rec, temp=1.0):
+    """Each sampled token's recorded logprob in rollout record rec less fp32_logprobs' for it, and the queries."""
+    queries = [(t, rec["ids"][t]) for t, m in enumerate(rec["mask"]) if m]
+    recorded = torch.tensor([rec["logprobs"][t] for t, _ in queries])
+    return recorded - fp32_logprobs(model, rec["ids"], queries, temp), queries
+
+
+def bf16_excess(model, rec, temp=1.0):
+    """The largest amount by which a recorded logprob of rec, sampled under bf16 autocast, is further from fp32's
+    than its spread: <= 0 where every one is within."""
+    got, queries = recorded_minus_fp32(model, rec, temp)
+    spread = torch.tensor(bf16_spread(model, rec["ids"], queries, temp, enough=got.abs().tolist()))
+    return float((got.abs() - spread).max())

@@ -24,7 +24,7 @@ import engine
 import rl
 from sample import HFPolicy, rollout
 from conftest import run_main
-from rounding import bf16_spread, fp32_logprobs
+from rounding import bf16_excess, bf16_spread, recorded_minus_fp32
 
 DEV = os.environ.get("TEST_GPU_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -67,11 +67,9 @@ def arch(request):
 def replay_excess(model, rec, temp, bf16):
     """The largest |recorded logprob - that of one fp32 forward over the whole trajectory| over rec's sampled
     tokens, less the bound on it: bf16's spread (rounding.bf16_spread) or, in fp32, FP32_ATOL."""
-    queries = [(t, rec["ids"][t]) for t, m in enumerate(rec["mask"]) if m]
-    got = (torch.tensor([rec["logprobs"][t] for t, _ in queries]) - fp32_logprobs(model, rec["ids"], queries, temp))
-    bound = (torch.tensor(bf16_spread(model, rec["ids"], queries, temp, enough=got.abs().tolist())) if bf16
-             else FP32_ATOL)
-    return float((got.abs() - bound).max())
+    if bf16:
+        return bf16_excess(model, rec, temp)
+    return float(recorded_minus_fp32(model, rec, temp)[0].abs().max()) - FP32_ATOL
 
 
 @pytest.fixture
@@ -150,9 +148,9 @@ def test_update_under_bf16_autocast(arch):
                               else torch.autocast(DEV, dtype=torch.bfloat16))
     assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in bf16[1]), name
     assert len(bf16[1]) == len(fp32[1]) == sum(1 for p in model.parameters() if p.grad is not None)
-    queries = [[(t, row[t]) for t in range(len(row)) if keep[t]] for row, keep in zip(ids.tolist(), mask.tolist())]
     got = (bf16[0] - fp32[0]).abs().cpu()  # the masked tokens, row by row
-    spread = torch.tensor([s for row, q in zip(ids.tolist(), queries) for s in bf16_spread(base, row, q)])
+    spread = torch.tensor([s for row, keep in zip(ids.tolist(), mask.tolist())
+                           for s in bf16_spread(base, row, [(t, row[t]) for t in range(len(row)) if keep[t]])])
     assert (got <= spread).all(), (name, float((got - spread).max()))
     flat = lambda grads: torch.cat([g.flatten() for g in grads])
     cosine = torch.nn.functional.cosine_similarity(flat(bf16[1]), flat(fp32[1]), dim=0)
